@@ -1,0 +1,35 @@
+# Set-up is idempotent and fast after the first run: the venv and an install stamp are
+# kept, and pip's wheel cache keeps llama-cpp-python's ~7 minute source build to once.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo bench clean native
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,llama]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+native:
+	@if ! test -f native/Package.swift; then echo "native: no package yet"; \
+	elif command -v swift >/dev/null 2>&1 || test -x /opt/swift/usr/bin/swift; then \
+	  PATH="$$PATH:/opt/swift/usr/bin" swift build -c release --package-path native; \
+	else echo "native: no Swift toolchain; skipping the native library"; fi
+
+test: setup native
+	$(BIN)/python -m pytest -q
+	@if test -x engine_clients/run_tests.sh; then engine_clients/run_tests.sh; fi
+
+demo: setup
+	$(BIN)/python demo/scene.py
+
+bench: setup
+	$(BIN)/python bench/bench_protocol.py
+
+clean:
+	rm -rf $(VENV) native/.build

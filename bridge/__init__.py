@@ -1,0 +1,10 @@
+"""oam-bridge: NPC brains for any game engine, over line-delimited JSON-RPC on stdio."""
+
+__version__ = "0.1.0"
+
+from ._server import Limits, Server  # noqa: E402
+from .engines import EngineRegistry  # noqa: E402
+from .engines.scripted import ScriptedEngine  # noqa: E402
+from .errors import ERROR_CODES, BridgeError  # noqa: E402
+
+__all__ = ["ERROR_CODES", "BridgeError", "EngineRegistry", "Limits", "ScriptedEngine", "Server", "__version__"]

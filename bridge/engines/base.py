@@ -1,0 +1,126 @@
+"""The narrow engine interface every inference engine implements.
+
+The agent loop (steering, budgets, tool runtime, trimming, rollback) lives once in
+``bridge._agent``. An engine only turns one *step request* into a stream of chunks:
+text deltas, then optionally one batch of tool calls, then a final ``StepDone``.
+
+Contract:
+- ``stream_step`` is an async generator run on the trio thread. Blocking work (a model
+  forward pass) must go to a worker thread; cancellation of the calling task must reach
+  that work within a token or two.
+- On a step whose ``tool_mode`` is ``"disallowed"`` the request carries no tools and the
+  engine must not produce tool calls. With ``"required"`` it must produce at least one call
+  of one of ``tools``.
+- With ``schema`` set and no tool calls, the text produced is the JSON answer.
+- Errors are raised as ``bridge.errors.BridgeError`` with a stable code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+ToolMode = Literal["allowed", "required", "disallowed"]
+
+
+class ToolSpec(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
+    """A tool the model may call; the game executes it."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+
+
+class ToolCall(msgspec.Struct, frozen=True, rename="camel"):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class Message(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """One transcript entry. ``role`` is user, assistant or tool."""
+
+    role: Literal["user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+
+class GenerationOptions(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    top_p: float | None = None
+
+
+class StepRequest(msgspec.Struct, frozen=True):
+    """Everything the model sees for one step, already steered and trimmed."""
+
+    npc_id: str
+    instructions: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    tool_mode: ToolMode
+    schema: dict[str, Any] | None
+    options: GenerationOptions
+    step_index: int
+
+
+class TextChunk(msgspec.Struct, frozen=True):
+    delta: str
+
+
+class ToolCallsChunk(msgspec.Struct, frozen=True):
+    calls: list[ToolCall]
+
+
+class Usage(msgspec.Struct, rename="camel"):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cached_tokens += other.cached_tokens
+
+
+class StepDone(msgspec.Struct, frozen=True):
+    usage: Usage = msgspec.field(default_factory=Usage)
+    finish_reason: str = "stop"
+
+
+Chunk = TextChunk | ToolCallsChunk | StepDone
+
+
+class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
+    name: str
+    available: bool
+    reason: str | None = None
+    context_size: int = 0
+    features: list[str] = []
+
+
+class Engine(Protocol):
+    name: str
+
+    @property
+    def context_size(self) -> int: ...
+
+    def info(self) -> EngineInfo: ...
+
+    def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
+        """Tokens the engine would spend on this prompt (used for trimming)."""
+        ...
+
+    def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]: ...
+
+    def forget(self, npc_id: str) -> None:
+        """Drop any per-NPC cached state (reset, delete, restore)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,154 @@
+"""The scripted engine: plays back fixed steps and records every request it receives.
+
+A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> dict``:
+
+- ``{"text": "Hello"}``: streamed word by word;
+- ``{"toolCalls": [{"name": "open_door", "arguments": {...}}]}``: one batch of calls;
+- ``{"json": {...}}``: a structured answer, streamed as JSON text;
+- ``{"error": "guardrail_violation", "message": "..."}``: the step fails with that code;
+- any step may add ``"delayMs"`` (wait before it) and ``"chunkMs"`` (wait between chunks).
+
+When an NPC's script runs out the engine echoes the last user message, so a bridge started
+without a script still answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Union
+
+import msgspec
+import trio
+
+from ..errors import ERROR_CODES, BridgeError
+from .base import (
+    Chunk,
+    EngineInfo,
+    Message,
+    StepDone,
+    StepRequest,
+    TextChunk,
+    ToolCall,
+    ToolCallsChunk,
+    ToolSpec,
+    Usage,
+)
+
+Step = Union[dict[str, Any], Callable[[StepRequest], dict[str, Any]]]
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+def _count(text: str) -> int:
+    return len(text.split())
+
+
+class ScriptedEngine:
+    name = "scripted"
+
+    def __init__(
+        self,
+        script: list[Step] | None = None,
+        npc_scripts: dict[str, list[Step]] | None = None,
+        context_size: int = 4096,
+    ) -> None:
+        self._default = list(script or [])
+        self._npc_scripts = {k: list(v) for k, v in (npc_scripts or {}).items()}
+        self._cursor: dict[str, int] = {}
+        self._context_size = context_size
+        self.requests: list[StepRequest] = []
+
+    @classmethod
+    def from_file(cls, path: str) -> ScriptedEngine:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if isinstance(data, list):
+            return cls(script=data)
+        return cls(
+            script=data.get("default", []),
+            npc_scripts=data.get("npcs", {}),
+            context_size=data.get("contextSize", 4096),
+        )
+
+    @property
+    def context_size(self) -> int:
+        return self._context_size
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            name=self.name,
+            available=True,
+            context_size=self._context_size,
+            features=["tools", "streaming", "schema", "deterministic"],
+        )
+
+    def set_script(self, npc_id: str, steps: list[Step]) -> None:
+        self._npc_scripts[npc_id] = list(steps)
+        self._cursor.pop(npc_id, None)
+
+    def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
+        n = _count(instructions) + 4
+        for m in messages:
+            n += 4 + _count(m.content)
+            for c in m.tool_calls:
+                n += 4 + len(json.dumps(c.arguments)) // 4
+        for t in tools:
+            n += 8 + _count(t.description) + len(json.dumps(t.parameters)) // 4
+        return n
+
+    def forget(self, npc_id: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    def _next_step(self, request: StepRequest) -> dict[str, Any]:
+        steps = self._npc_scripts.get(request.npc_id, self._default)
+        i = self._cursor.get(request.npc_id, 0)
+        if i >= len(steps):
+            last = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+            if request.schema is not None:
+                return {"json": {}}
+            return {"text": f"You said: {last}"}
+        self._cursor[request.npc_id] = i + 1
+        step = steps[i]
+        return step(request) if callable(step) else step
+
+    async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(request)
+        step = self._next_step(request)
+        if step.get("delayMs"):
+            await trio.sleep(step["delayMs"] / 1000)
+        chunk_s = step.get("chunkMs", 0) / 1000
+        usage = Usage(input_tokens=self.count_tokens(request.instructions, request.messages, request.tools))
+        if "error" in step:
+            code = step["error"]
+            if code not in ERROR_CODES:
+                code = "generation_failed"
+            raise BridgeError(code, step.get("message", f"scripted {code}"))
+        if "toolCalls" in step:
+            calls = [
+                ToolCall(
+                    id=c.get("id") or f"call_{uuid.uuid4().hex[:12]}",
+                    name=c["name"],
+                    arguments=c.get("arguments", {}),
+                )
+                for c in step["toolCalls"]
+            ]
+            yield ToolCallsChunk(calls)
+            usage.output_tokens = 8 * len(calls)
+            yield StepDone(usage=usage, finish_reason="tool_calls")
+            return
+        if "json" in step:
+            body = msgspec.json.encode(step["json"]).decode()
+            pieces = [body[i : i + 16] for i in range(0, len(body), 16)]
+        else:
+            pieces = _WORDS.findall(step.get("text", ""))
+        for piece in pieces:
+            if chunk_s:
+                await trio.sleep(chunk_s)
+            yield TextChunk(piece)
+        usage.output_tokens = len(pieces)
+        yield StepDone(usage=usage, finish_reason=step.get("finishReason", "stop"))

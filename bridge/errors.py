@@ -1,0 +1,73 @@
+"""Stable error codes: one table, used by the dispatcher and documented in protocol.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jsonrpcserver import codes as _rpc
+
+PARSE_ERROR = _rpc.ERROR_PARSE_ERROR
+INVALID_REQUEST = _rpc.ERROR_INVALID_REQUEST
+METHOD_NOT_FOUND = _rpc.ERROR_METHOD_NOT_FOUND
+INVALID_PARAMS = _rpc.ERROR_INVALID_PARAMS
+INTERNAL_ERROR = _rpc.ERROR_INTERNAL_ERROR
+
+# string code -> (JSON-RPC error code, retryable). Application codes lie outside the
+# reserved range -32768..-32000.
+ERROR_CODES: dict[str, tuple[int, bool]] = {
+    "model_unavailable": (-31001, False),
+    "guardrail_violation": (-31002, False),
+    "refusal": (-31003, False),
+    "context_size_exceeded": (-31004, False),
+    "rate_limited": (-31005, True),
+    "unsupported_language": (-31006, False),
+    "invalid_schema": (-31007, False),
+    "tool_failed": (-31008, False),
+    "cancelled": (-31009, False),
+    "busy": (-31010, True),
+    "invalid_request": (-31011, False),
+    "generation_failed": (-31012, True),
+    "unknown_npc": (-31020, False),
+    "unknown_tool_call": (-31021, False),
+    "not_initialized": (-31022, False),
+    "overloaded": (-31023, True),
+    "message_too_large": (-31024, False),
+    "npc_exists": (-31025, False),
+    "shutting_down": (-31026, False),
+    # JSON-RPC's own, with string codes so every error carries data.code
+    "parse_error": (PARSE_ERROR, False),
+    "invalid_message": (INVALID_REQUEST, False),
+    "method_not_found": (METHOD_NOT_FOUND, False),
+    "invalid_params": (INVALID_PARAMS, False),
+    "internal_error": (INTERNAL_ERROR, False),
+}
+
+
+class BridgeError(Exception):
+    """A failure with a stable string code; the dispatcher turns it into a JSON-RPC error."""
+
+    def __init__(self, code: str, message: str, **data: Any) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    @property
+    def rpc_code(self) -> int:
+        return ERROR_CODES[self.code][0]
+
+    @property
+    def retryable(self) -> bool:
+        return ERROR_CODES[self.code][1]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "code": self.rpc_code,
+            "message": self.message,
+            "data": {"code": self.code, "retryable": self.retryable, **self.data},
+        }
+
+    def to_event(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
