@@ -3,7 +3,8 @@
 A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> dict``:
 
 - ``{"text": "Hello"}``: streamed word by word;
-- ``{"toolCalls": [{"name": "open_door", "arguments": {...}}]}``: one batch of calls;
+- ``{"toolCalls": [{"name": "open_door", "arguments": {...}}]}``: one batch of calls, after
+  the step's ``"text"`` if it has one;
 - ``{"json": {...}}``: a structured answer, streamed as JSON text;
 - ``{"error": "guardrail_violation", "message": "..."}``: the step fails with that code;
 - any step may add ``"delayMs"`` (wait before it) and ``"chunkMs"`` (wait between chunks).
@@ -129,6 +130,8 @@ class ScriptedEngine:
                 code = "generation_failed"
             raise BridgeError(code, step.get("message", f"scripted {code}"))
         if "toolCalls" in step:
+            for piece in _WORDS.findall(step.get("text", "")):  # a preamble before the calls
+                yield TextChunk(piece)
             calls = [
                 ToolCall(
                     id=c.get("id") or f"call_{uuid.uuid4().hex[:12]}",
