@@ -268,13 +268,18 @@ class Npc:
             text = ""
             calls: list[ToolCall] = []
             reset = bool(shown_text)
+            n_chunks = 0
             async for chunk in self.engine.stream_step(req):
+                n_chunks += 1
+                if n_chunks % 32 == 0:
+                    await trio.lowlevel.checkpoint()  # let other NPCs and the reader run
                 if isinstance(chunk, TextChunk):
                     text += chunk.delta
+                    so_far = text if p.full_text else None
                     if p.schema is not None:
-                        await self._emit(turn, "turn/partialJson", json=text)
+                        await self._emit(turn, "turn/partialJson", json=so_far, delta=chunk.delta)
                     else:
-                        await self._emit(turn, "turn/textDelta", delta=chunk.delta, text=text, is_reset=reset)
+                        await self._emit(turn, "turn/textDelta", delta=chunk.delta, text=so_far, is_reset=reset)
                         reset = False
                 elif isinstance(chunk, ToolCallsChunk):
                     calls.extend(chunk.calls)

@@ -64,6 +64,7 @@ class RespondParams(_Params):
     max_tool_calls: int = 8
     schema: dict[str, Any] | None = None
     tool_timeout_ms: int = 60_000
+    full_text: bool = True  # textDelta/partialJson carry the text so far (False: deltas only)
 
 
 class SubmitParams(_Params):
@@ -129,12 +130,13 @@ class TurnStarted(_Event):
 
 class TextDelta(_Event):
     delta: str
-    text: str
+    text: str | None  # the step's text so far; null when the turn asked for deltas only
     is_reset: bool = False
 
 
 class PartialJson(_Event):
-    json: str
+    json: str | None  # the JSON text so far; null when the turn asked for deltas only
+    delta: str = ""
 
 
 class ToolCallRequested(_Event):

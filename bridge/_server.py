@@ -14,6 +14,7 @@ Connection state machine::
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Final
 
 import msgspec
@@ -81,6 +82,9 @@ class Server:
         self._stop = trio.Event()
         self._processed = trio.Event()  # every line read has been handled
         self._drained = trio.Event()  # the writer has written everything it will write
+        self._idle = True  # no line is being processed (so the reader may handle one inline)
+        self._writer_idle = True  # the writer holds no line it has not written
+        self._direct_fd: int | None = None
 
     # ---- state ----
 
@@ -305,14 +309,40 @@ class Server:
     # ---- I/O ----
 
     async def _notify(self, method: str, params: m._Event) -> None:
-        try:
-            await self._out_send.send(_encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n")
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            log.debug("dropped %s after the output closed", method)
+        await self._emit_line(_encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n")
 
-    async def serve(self, recv: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
+    async def _emit_line(self, line: bytes) -> None:
+        """Queue one outbound line; waits only when the writer is ``max_outbound_lines``
+        behind (a slow reader slows the turns down instead of growing memory)."""
+        if self._direct_fd is not None and self._writer_idle and not self._out_send.statistics().current_buffer_used:
+            # Fast path: nothing is queued and the writer is parked, so writing here keeps
+            # the order and saves a task switch. A short write queues the rest.
+            try:
+                n = os.write(self._direct_fd, line)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                n = 0  # the writer will meet the broken pipe and stop the server
+            if n == len(line):
+                return
+            line = line[n:]
+        try:
+            self._out_send.send_nowait(line)
+        except trio.WouldBlock:
+            try:
+                await self._out_send.send(line)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                log.debug("dropped a line after the output closed")
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            log.debug("dropped a line after the output closed")
+
+    async def serve(self, recv: trio.abc.ReceiveStream, send: trio.abc.SendStream, out_fd: int | None = None) -> None:
         """Serve until stdin EOF, ``exit`` or ``stop()``; every accepted turn gets its
-        terminal event before this returns (bounded by a short grace period)."""
+        terminal event before this returns (bounded by a short grace period).
+
+        ``out_fd``: the non-blocking fd behind ``send``, if it has one; lines are then
+        written straight to it when nothing is queued."""
+        self._direct_fd = out_fd
         in_send, in_recv = trio.open_memory_channel[bytes | LineTooLong](self.limits.max_pending_lines)
         try:
             async with trio.open_nursery() as nursery:
@@ -346,6 +376,10 @@ class Server:
                     data = b""
                 items = framer.feed(data) if data else framer.eof()
                 for item in items:
+                    if self._idle and in_send.statistics().current_buffer_used == 0 and self._out_has_room():
+                        # Nothing is queued ahead of it: handle it here, saving a task hop.
+                        await self._processor_item(item)
+                        continue
                     try:
                         in_send.send_nowait(item)
                     except trio.WouldBlock:
@@ -358,27 +392,37 @@ class Server:
         await self._processed.wait()
         self.stop()
 
+    def _out_has_room(self) -> bool:
+        return self._out_send.statistics().current_buffer_used < self.limits.max_outbound_lines
+
     async def _overloaded(self, item: bytes | LineTooLong) -> None:
         if isinstance(item, LineTooLong):
             return await self._processor_item(item)
         try:
             msg = msgspec.json.decode(item)
         except (msgspec.DecodeError, RecursionError):
-            return await self._processor_item(item)
+            return await self._process(item)
         ids = [x.get("id") for x in (msg if isinstance(msg, list) else [msg]) if isinstance(x, dict) and "id" in x]
         err = BridgeError("overloaded", "too many pending requests; retry later", retryable_after_ms=10)
         out = [_error(i, err) for i in ids]
         if out:
-            await self._out_send.send(self._encode(out if isinstance(msg, list) else out[0]))
+            await self._emit_line(self._encode(out if isinstance(msg, list) else out[0]))
 
     async def _processor_item(self, item: bytes | LineTooLong) -> None:
+        self._idle = False
+        try:
+            await self._process(item)
+        finally:
+            self._idle = True
+
+    async def _process(self, item: bytes | LineTooLong) -> None:
         if isinstance(item, LineTooLong):
             err = BridgeError("message_too_large", f"line of {item.size} bytes exceeds {self.limits.max_line_bytes}", size=item.size, limit=self.limits.max_line_bytes)
             out: bytes | None = self._encode(_error(None, err))
         else:
             out = self.handle_line(item)
         if out is not None:
-            await self._out_send.send(out)
+            await self._emit_line(out)
 
     async def _processor(self, in_recv: trio.MemoryReceiveChannel[bytes | LineTooLong]) -> None:
         async for item in in_recv:
@@ -390,6 +434,7 @@ class Server:
     async def _writer(self, send: trio.abc.SendStream) -> None:
         try:
             async for first in self._out_recv:
+                self._writer_idle = False
                 buf = [first]
                 while len(buf) < 512:
                     try:
@@ -397,6 +442,7 @@ class Server:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 await send.send_all(b"".join(buf))
+                self._writer_idle = True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             log.warning("protocol output closed by the peer")
             self.stop()

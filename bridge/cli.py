@@ -45,7 +45,7 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(on_signals)
-        await server.serve(recv, send)
+        await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)())
         nursery.cancel_scope.cancel()
 
 

@@ -1,0 +1,157 @@
+"""Protocol benchmarks over real pipes, each beside a baseline measured in the same run.
+
+1. Round trip of a trivial request (npc/list) to the oam-bridge subprocess, against a bare
+   line-echo process over the same kind of pipes: p50 and p99, and the p50 ratio.
+2. Events per second of one long streamed scripted turn (text deltas), end to end.
+3. p99 round trip of a trivial request while 200 NPCs have turns running at once.
+4. Resident memory of the idle bridge, and per idle NPC (1,000 NPCs).
+
+Usage: python bench/bench_protocol.py [--quick]
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRIO_ECHO = (
+    "import os, trio\n"
+    "async def main():\n"
+    "    r, w = trio.lowlevel.FdStream(os.dup(0)), trio.lowlevel.FdStream(os.dup(1))\n"
+    "    while d := await r.receive_some(65536):\n"
+    "        await w.send_all(d)\n"
+    "trio.run(main)\n"
+)
+ECHO = "import sys\nfor line in sys.stdin.buffer:\n    sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n"
+
+
+class Peer:
+    def __init__(self, cmd: list[str]) -> None:
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, bufsize=0)
+        self.out = io.BufferedReader(self.p.stdout, 1 << 16)
+        self.next_id = 1
+
+    def send(self, obj: dict) -> None:
+        self.p.stdin.write(json.dumps(obj).encode() + b"\n")
+
+    def line(self) -> bytes:
+        line = self.out.readline()
+        if not line:
+            raise EOFError
+        return line[:-1]
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        i = self.next_id
+        self.next_id += 1
+        self.send({"jsonrpc": "2.0", "id": i, "method": method, "params": params or {}})
+        while True:
+            msg = json.loads(self.line())
+            if msg.get("id") == i:
+                return msg
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.p.pid}/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS"))
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait(timeout=10)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
+    out = []
+    msg = {"jsonrpc": "2.0", "id": 0, "method": "npc/list", "params": {}}
+    for _ in range(n):
+        t = time.perf_counter()
+        if echo:
+            peer.send(msg)
+            peer.line()
+        else:
+            peer.call("npc/list")
+        out.append((time.perf_counter() - t) * 1e6)
+    return out
+
+
+def bridge() -> Peer:
+    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted"])
+    b.call("initialize", {"protocolVersion": 1})
+    return b
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    n = 500 if quick else 3000
+
+    echo, techo, b = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge()
+    e: list[float] = []
+    te: list[float] = []
+    r: list[float] = []
+    for block in range(n // 100 + 2):  # interleaved blocks, so load on the machine hits all alike
+        keep = block >= 2  # the first blocks warm up
+        for peer, out, is_echo in ((echo, e, True), (techo, te, True), (b, r, False)):
+            xs = round_trips(peer, 100, is_echo)
+            if keep:
+                out += xs
+    print(f"round trip over pipes, {len(r)} requests each, interleaved (microseconds)")
+    print(f"  line-echo baseline        p50 {pct(e, .5):8.1f}   p99 {pct(e, .99):8.1f}")
+    print(f"  trio FdStream echo        p50 {pct(te, .5):8.1f}   p99 {pct(te, .99):8.1f}")
+    print(f"  oam-bridge npc/list       p50 {pct(r, .5):8.1f}   p99 {pct(r, .99):8.1f}")
+    print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x")
+    echo.close()
+    techo.close()
+
+    words = 20_000 if quick else 100_000
+    rates = []
+    for _ in range(3):
+        b.call("npc/create", {"npcId": f"bard{len(rates)}", "script": [{"text": "la " * words}]})
+        t = time.perf_counter()
+        tid = b.call("npc/respond", {"npcId": f"bard{len(rates)}", "prompt": "sing", "fullText": False})["result"]["turnId"]
+        events = 0
+        while True:
+            line = b.line()
+            events += 1
+            if b'"turn/completed"' in line or b'"turn/failed"' in line:
+                break
+        rates.append(events / (time.perf_counter() - t))
+    print(f"events per second, one streamed turn of {words} deltas (fullText false): median {statistics.median(rates):,.0f}  (target >= 50,000)")
+
+    for i in range(200):
+        b.call("npc/create", {"npcId": f"crowd{i}", "script": [{"text": "hm " * 400, "chunkMs": 5}]})
+    for i in range(200):
+        b.send({"jsonrpc": "2.0", "id": f"r{i}", "method": "npc/respond", "params": {"npcId": f"crowd{i}", "prompt": "hi"}})
+    lat = []
+    for k in range(300 if quick else 1000):
+        t = time.perf_counter()
+        b.send({"jsonrpc": "2.0", "id": f"p{k}", "method": "npc/list", "params": {}})
+        while True:
+            line = b.line()
+            if line.startswith(b'{"jsonrpc":"2.0","id":"p%d"' % k):
+                break
+        lat.append((time.perf_counter() - t) * 1e3)
+    busy = json.loads(b.call("npc/list")["result"].__repr__().replace("'", '"').replace("True", "true").replace("False", "false"))
+    running = sum(1 for x in busy["npcs"] if x["busy"])
+    print(f"200 NPCs with turns running ({running} still busy at the end): trivial request p50 {pct(lat, .5):.2f} ms  p99 {pct(lat, .99):.2f} ms  (target p99 < 5 ms)")
+    b.close()
+
+    b = bridge()
+    idle = b.rss_kib()
+    for i in range(1000):
+        b.call("npc/create", {"npcId": f"idle{i}", "instructions": "You are a villager. " * 5})
+    per = (b.rss_kib() - idle) / 1000
+    print(f"resident memory: idle bridge {idle / 1024:.1f} MiB; per idle NPC {per:.1f} KiB (1,000 NPCs)")
+    b.close()
+
+
+if __name__ == "__main__":
+    main()
