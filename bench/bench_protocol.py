@@ -144,6 +144,16 @@ def main() -> None:
     print(f"200 NPCs with turns running ({running} still busy at the end): trivial request p50 {pct(lat, .5):.2f} ms  p99 {pct(lat, .99):.2f} ms  (target p99 < 5 ms)")
     b.close()
 
+    exits = []
+    for _ in range(5):
+        b = bridge()
+        b.call("npc/create", {"npcId": "slow", "script": [{"text": "word " * 1000, "chunkMs": 10}]})
+        b.call("npc/respond", {"npcId": "slow", "prompt": "talk"})
+        t = time.perf_counter()
+        b.close()
+        exits.append((time.perf_counter() - t) * 1e3)
+    print(f"stdin EOF with a turn streaming -> process exit: median {statistics.median(exits):.0f} ms (target < 1000 ms)")
+
     b = bridge()
     idle = b.rss_kib()
     for i in range(1000):

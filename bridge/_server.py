@@ -216,9 +216,10 @@ class Server:
         engine_name = self.registry.resolve(config.engine)
         engine = self.registry.get(engine_name)
         if config.script is not None:
-            if not isinstance(engine, ScriptedEngine):
-                raise BridgeError("invalid_params", "script is only for the scripted engine")
-            engine.set_script(config.npc_id, config.script)
+            set_script = getattr(engine, "set_script", None)
+            if set_script is None:
+                raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
+            set_script(config.npc_id, config.script)
         engine.forget(config.npc_id)
         npc = Npc(config, engine, engine_name, self._notify, self.limits.max_queued_turns_per_npc)
         if turns:

@@ -153,8 +153,10 @@ class Proc:
 async def open_bridge(nursery: trio.Nursery, *args: str, env: dict[str, str] | None = None) -> Proc:
     import subprocess
 
+    if "--engine" not in args:
+        args = ("--engine", "scripted", *args)
     process = await trio.lowlevel.open_process(
-        [*BRIDGE_CMD, "--engine", "scripted", *args],
+        [*BRIDGE_CMD, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -179,9 +181,22 @@ async def proc() -> AsyncIterator[Proc]:
         nursery.cancel_scope.cancel()
 
 
-@pytest.fixture(params=["memory", "subprocess"])
+def _contract_targets() -> list[str]:
+    targets = ["memory", "subprocess"]
+    try:
+        from bridge.engines import native
+    except ImportError:
+        return targets
+    if native.availability()[0] or os.environ.get("CI") == "true":
+        targets.append("native-subprocess")  # under CI a missing library fails, not skips
+    return targets
+
+
+@pytest.fixture(params=_contract_targets())
 async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    """The same contract, in-process and through the real subprocess."""
+    """The same contract, in-process, through the real subprocess on the scripted engine,
+    and through the real subprocess on the native engine (the Swift library's scripted
+    model behind the C ABI)."""
     if request.param == "memory":
         server = Server(EngineRegistry(default="scripted", scripted=ScriptedEngine()), Limits())
         ours, theirs = trio.testing.memory_stream_pair()
@@ -195,8 +210,9 @@ async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
             server.stop()
             nursery.cancel_scope.cancel()
     else:
+        engine = ["--engine", "native"] if request.param == "native-subprocess" else []
         async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery)
+            p = await open_bridge(nursery, *engine)
             await p.client.initialize()
             with trio.fail_after(DEADLINE):
                 yield p.client

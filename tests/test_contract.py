@@ -233,10 +233,10 @@ async def test_errors_carry_code_string_and_retryable(any_client: Client) -> Non
 @req("N-LIFE-1")
 async def test_reset_list_and_delete(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"text": "Hi."}])
+    engine = (await create(c, script=[{"text": "Hi."}]))["engine"]
     await c.turn("keeper", "Hello")
     listed = (await c.call("npc/list", {}))["npcs"]
-    assert listed == [{"npcId": "keeper", "engine": "scripted", "turns": 1, "busy": False, "queued": 0}]
+    assert listed == [{"npcId": "keeper", "engine": engine, "turns": 1, "busy": False, "queued": 0}]
     await c.call("npc/reset", {"npcId": "keeper"})
     assert (await c.call("npc/transcript", {"npcId": "keeper"}))["turns"] == []
     await c.call("npc/delete", {"npcId": "keeper"})
