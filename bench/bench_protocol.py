@@ -83,16 +83,7 @@ def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
     return out
 
 
-def bridge() -> Peer:
-    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted"])
-    b.call("initialize", {"protocolVersion": 1})
-    return b
-
-
-def main() -> None:
-    quick = "--quick" in sys.argv
-    n = 500 if quick else 3000
-
+def round_trip_section(n: int, label: str) -> None:
     echo, techo, b = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge()
     e: list[float] = []
     te: list[float] = []
@@ -103,13 +94,34 @@ def main() -> None:
             xs = round_trips(peer, 100, is_echo)
             if keep:
                 out += xs
-    print(f"round trip over pipes, {len(r)} requests each, interleaved (microseconds)")
+    print(f"round trip over pipes, {label}, {len(r)} requests each, interleaved (microseconds)")
     print(f"  line-echo baseline        p50 {pct(e, .5):8.1f}   p99 {pct(e, .99):8.1f}")
     print(f"  trio FdStream echo        p50 {pct(te, .5):8.1f}   p99 {pct(te, .99):8.1f}")
     print(f"  oam-bridge npc/list       p50 {pct(r, .5):8.1f}   p99 {pct(r, .99):8.1f}")
     print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x")
-    echo.close()
-    techo.close()
+    for peer in (echo, techo, b):
+        peer.close()
+
+
+def bridge() -> Peer:
+    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted"])
+    b.call("initialize", {"protocolVersion": 1})
+    return b
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    n = 500 if quick else 3000
+
+    # Pinned: client and server share one core, so every peer pays the same wake-up and the
+    # ratio compares the work done per request. Unpinned: as the OS places them, where a
+    # cross-core wake-up (tens of microseconds here) can hit one peer and not another.
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    round_trip_section(n, "client and server pinned to one core")
+    os.sched_setaffinity(0, cpus)
+    round_trip_section(n, "unpinned")
+    b = bridge()
 
     words = 20_000 if quick else 100_000
     rates = []

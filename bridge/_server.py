@@ -109,7 +109,8 @@ class Server:
             return self._encode(_error(None, BridgeError("invalid_message", "message nested too deeply", reason="too_deep")))
         except msgspec.DecodeError as e:
             return self._encode(_error(None, BridgeError("parse_error", f"not valid JSON: {e}", reason="parse_error")))
-        if not _nesting_ok(msg, self.limits.max_nesting_depth):
+        # a line shorter than the depth limit cannot nest that deep: skip the walk
+        if len(line) > self.limits.max_nesting_depth and not _nesting_ok(msg, self.limits.max_nesting_depth):
             return self._encode(_error(None, BridgeError("invalid_message", f"message nested deeper than {self.limits.max_nesting_depth}", reason="too_deep")))
         if isinstance(msg, list):
             if not msg:
