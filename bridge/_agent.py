@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from contextlib import aclosing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -269,23 +270,26 @@ class Npc:
             calls: list[ToolCall] = []
             reset = bool(shown_text)
             n_chunks = 0
-            async for chunk in self.engine.stream_step(req):
-                n_chunks += 1
-                if n_chunks % 32 == 0:
-                    await trio.lowlevel.checkpoint()  # let other NPCs and the reader run
-                if isinstance(chunk, TextChunk):
-                    text += chunk.delta
-                    so_far = text if p.full_text else None
-                    if p.schema is not None:
-                        await self._emit(turn, "turn/partialJson", json=so_far, delta=chunk.delta)
+            # aclosing: a cancelled step closes the engine's generator at once, so an engine
+            # can stop its worker thread instead of waiting for garbage collection.
+            async with aclosing(self.engine.stream_step(req)) as stream:
+                async for chunk in stream:
+                    n_chunks += 1
+                    if n_chunks % 32 == 0:
+                        await trio.lowlevel.checkpoint()  # let other NPCs and the reader run
+                    if isinstance(chunk, TextChunk):
+                        text += chunk.delta
+                        so_far = text if p.full_text else None
+                        if p.schema is not None:
+                            await self._emit(turn, "turn/partialJson", json=so_far, delta=chunk.delta)
+                        else:
+                            await self._emit(turn, "turn/textDelta", delta=chunk.delta, text=so_far, is_reset=reset)
+                            reset = False
+                    elif isinstance(chunk, ToolCallsChunk):
+                        calls.extend(chunk.calls)
                     else:
-                        await self._emit(turn, "turn/textDelta", delta=chunk.delta, text=so_far, is_reset=reset)
-                        reset = False
-                elif isinstance(chunk, ToolCallsChunk):
-                    calls.extend(chunk.calls)
-                else:
-                    usage.add(chunk.usage)
-                    finish = chunk.finish_reason
+                        usage.add(chunk.usage)
+                        finish = chunk.finish_reason
             step += 1
             shown_text = text
             if calls and mode != "disallowed":
