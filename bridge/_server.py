@@ -216,12 +216,12 @@ class Server:
             check_schema(t.parameters, f"parameters of tool {t.name!r}")
         engine_name = self.registry.resolve(config.engine)
         engine = self.registry.get(engine_name)
+        engine.forget(config.npc_id)
         if config.script is not None:
             set_script = getattr(engine, "set_script", None)
             if set_script is None:
                 raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
             set_script(config.npc_id, config.script)
-        engine.forget(config.npc_id)
         npc = Npc(config, engine, engine_name, self._notify, self.limits.max_queued_turns_per_npc)
         if turns:
             npc.turns = [list(t) for t in turns]

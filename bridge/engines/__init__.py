@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Any
 
 from ..errors import BridgeError
@@ -55,6 +56,10 @@ class EngineRegistry:
             return name
         reasons = []
         for cand in AUTO_ORDER:
+            if cand == "native" and sys.platform != "darwin":
+                # Elsewhere the library carries only its scripted model: never a default.
+                reasons.append("native: Apple's model exists only on macOS")
+                continue
             ok, reason = self._availability(cand)
             if ok:
                 return cand

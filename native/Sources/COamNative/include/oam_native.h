@@ -1,0 +1,1 @@
+../../../include/oam_native.h
