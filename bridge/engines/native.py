@@ -36,6 +36,7 @@ from bridge.errors import ERROR_CODES, BridgeError
 _NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 HEADER_PATH = _NATIVE_DIR / "include" / "oam_native.h"
 POLL_MS = 50
+MAX_BATCH = 256  # events taken per thread hop
 
 _lock = threading.Lock()
 _loaded: tuple[Any, Any] | None = None
@@ -189,12 +190,18 @@ class NativeEngine:
             raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request")
         return step
 
-    def _next(self, step: Any, out: Any) -> tuple[int, dict[str, Any] | None]:
-        """Runs on a worker thread (cffi drops the GIL during the call)."""
+    def _next(self, step: Any, out: Any) -> tuple[int, list[dict[str, Any]]]:
+        """Runs on a worker thread (cffi drops the GIL during the call). Waits up to
+        POLL_MS for one event, then takes whatever else is already queued (up to
+        MAX_BATCH) without waiting, so one thread hop carries many events."""
         rc = self._lib.oam_step_next(step, POLL_MS, out)
-        if rc == 1:
-            return 1, msgspec.json.decode(_take_string(self._ffi, self._lib, out[0]) or "{}")
-        return rc, None
+        events: list[dict[str, Any]] = []
+        while rc == 1:
+            events.append(msgspec.json.decode(_take_string(self._ffi, self._lib, out[0]) or "{}"))
+            if len(events) >= MAX_BATCH or events[-1].get("type") in ("done", "error"):
+                break
+            rc = self._lib.oam_step_next(step, 0, out)
+        return (1 if events else rc), events
 
     async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
         self._check()
@@ -203,35 +210,35 @@ class NativeEngine:
         finished = False
         try:
             while True:
-                rc, ev = await trio.to_thread.run_sync(self._next, step, out, abandon_on_cancel=False)
+                rc, batch = await trio.to_thread.run_sync(self._next, step, out, abandon_on_cancel=False)
                 if rc == 0:
                     continue
                 if rc < 0:
                     finished = True
                     raise BridgeError("generation_failed", "native step ended without a done event")
-                assert ev is not None
-                kind = ev.get("type")
-                if kind == "text":
-                    yield TextChunk(ev.get("delta", ""))
-                elif kind == "toolCalls":
-                    yield ToolCallsChunk(
-                        [ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in ev.get("calls", [])]
-                    )
-                elif kind == "done":
-                    finished = True
-                    u = ev.get("usage") or {}
-                    yield StepDone(
-                        Usage(
-                            input_tokens=int(u.get("inputTokens", 0)),
-                            output_tokens=int(u.get("outputTokens", 0)),
-                            cached_tokens=int(u.get("cachedTokens", 0)),
-                        ),
-                        ev.get("finishReason", "stop"),
-                    )
-                    return
-                elif kind == "error":
-                    finished = True
-                    raise _error_from(ev)
+                for ev in batch:
+                    kind = ev.get("type")
+                    if kind == "text":
+                        yield TextChunk(ev.get("delta", ""))
+                    elif kind == "toolCalls":
+                        yield ToolCallsChunk(
+                            [ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in ev.get("calls", [])]
+                        )
+                    elif kind == "done":
+                        finished = True
+                        u = ev.get("usage") or {}
+                        yield StepDone(
+                            Usage(
+                                input_tokens=int(u.get("inputTokens", 0)),
+                                output_tokens=int(u.get("outputTokens", 0)),
+                                cached_tokens=int(u.get("cachedTokens", 0)),
+                            ),
+                            ev.get("finishReason", "stop"),
+                        )
+                        return
+                    elif kind == "error":
+                        finished = True
+                        raise _error_from(ev)
         finally:
             # Reached on done, error, trio cancellation and aclose() of the generator.
             # No worker thread is inside oam_step_next here (abandon_on_cancel=False).
