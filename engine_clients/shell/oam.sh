@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# oam.sh - bash client for the oam-bridge (line-delimited JSON-RPC 2.0 on stdin/stdout).
+# Source it:  . oam.sh ; needs bash >= 4.3 and jq.
+#
+#   oam_start [CMD...]              start the bridge as a coproc (default: $OAM_BRIDGE_CMD)
+#   oam_request METHOD [PARAMS]     send a request, wait for its response; prints the result
+#                                   JSON (exit 0) or the error object JSON (exit 1). Also sets
+#                                   OAM_RESULT / OAM_ERROR when not called in a subshell.
+#   oam_notify METHOD [PARAMS]      send a notification (e.g. exit)
+#   oam_next_event [TIMEOUT_S]      print the next notification {"method":..,"params":..};
+#                                   exit 1 on timeout, 2 if the bridge closed its stdout
+#   oam_stop                        shutdown + exit; waits; returns the bridge's exit code
+#
+# State (request id counter, queued events) lives in files under $OAM_DIR, so the functions
+# also work inside $(...) subshells. Events that arrive while oam_request waits are queued.
+
+OAM_TIMEOUT=${OAM_TIMEOUT:-30}
+
+oam_start() {
+    command -v jq >/dev/null || { echo "oam.sh: jq is required" >&2; return 1; }
+    local cmd
+    if [ $# -gt 0 ]; then cmd="$*"; else cmd=${OAM_BRIDGE_CMD:?set OAM_BRIDGE_CMD or pass a command}; fi
+    OAM_DIR=$(mktemp -d "${TMPDIR:-/tmp}/oam.XXXXXX")
+    : >"$OAM_DIR/events"; echo 0 >"$OAM_DIR/id"
+    # shellcheck disable=SC2086
+    coproc OAM_BRIDGE { exec $cmd 2>"$OAM_DIR/stderr"; }
+    OAM_PID=$OAM_BRIDGE_PID
+    # dup the coproc fds onto ordinary fds: those survive into subshells
+    exec {OAM_TO}>&"${OAM_BRIDGE[1]}" {OAM_FROM}<&"${OAM_BRIDGE[0]}"
+    export OAM_DIR
+}
+
+_oam_send() { printf '%s\n' "$1" >&"$OAM_TO"; }
+
+# read one line from the bridge into _OAM_LINE; 1 = timeout, 2 = EOF
+_oam_read() {
+    local t=${1:-$OAM_TIMEOUT} rc
+    IFS= read -r -t "$t" -u "$OAM_FROM" _OAM_LINE; rc=$?
+    [ $rc -eq 0 ] && return 0
+    [ $rc -gt 128 ] && return 1
+    return 2
+}
+
+oam_notify() {
+    local method=$1 params=${2:-}
+    if [ -n "$params" ]; then
+        _oam_send "$(jq -cn --arg m "$method" --argjson p "$params" '{jsonrpc:"2.0",method:$m,params:$p}')"
+    else
+        _oam_send "$(jq -cn --arg m "$method" '{jsonrpc:"2.0",method:$m}')"
+    fi
+}
+
+oam_request() {
+    local method=$1 params=${2:-'{}'} id kind
+    id=$(( $(cat "$OAM_DIR/id") + 1 )); echo "$id" >"$OAM_DIR/id"
+    _oam_send "$(jq -cn --arg m "$method" --argjson p "$params" --argjson id "$id" \
+        '{jsonrpc:"2.0",id:$id,method:$m,params:$p}')" || return 1
+    while :; do
+        _oam_read || { OAM_ERROR='{"code":-32603,"message":"bridge closed or timed out","data":{"code":"transport"}}'; echo "$OAM_ERROR"; return 1; }
+        kind=$(jq -r --argjson id "$id" \
+            'if has("method") and (has("id")|not) then "event"
+             elif .id == $id then (if has("error") then "error" else "result" end)
+             else "other" end' <<<"$_OAM_LINE")
+        case $kind in
+            event) printf '%s\n' "$_OAM_LINE" >>"$OAM_DIR/events" ;;
+            result) OAM_RESULT=$(jq -c '.result' <<<"$_OAM_LINE"); echo "$OAM_RESULT"; return 0 ;;
+            error) OAM_ERROR=$(jq -c '.error' <<<"$_OAM_LINE"); echo "$OAM_ERROR"; return 1 ;;
+            *) echo "oam.sh: unexpected line: $_OAM_LINE" >&2 ;;
+        esac
+    done
+}
+
+oam_next_event() {
+    local t=${1:-$OAM_TIMEOUT} first
+    if [ -s "$OAM_DIR/events" ]; then
+        IFS= read -r first <"$OAM_DIR/events"
+        sed -i 1d "$OAM_DIR/events"
+        printf '%s\n' "$first"; return 0
+    fi
+    while :; do
+        _oam_read "$t" || return $?
+        if jq -e 'has("method") and (has("id")|not)' <<<"$_OAM_LINE" >/dev/null; then
+            printf '%s\n' "$_OAM_LINE"; return 0
+        fi
+        echo "oam.sh: unexpected line: $_OAM_LINE" >&2
+    done
+}
+
+oam_stop() {
+    local rc
+    oam_request shutdown '{}' >/dev/null || true
+    oam_notify exit
+    exec {OAM_TO}>&-
+    wait "$OAM_PID"; rc=$?
+    exec {OAM_FROM}<&-
+    rm -rf "$OAM_DIR"
+    return $rc
+}

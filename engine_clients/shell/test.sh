@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Runs engine_clients/scenario.json against the real bridge with oam.sh.
+set -u
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SCEN="$HERE/../scenario.json"
+: "${OAM_BRIDGE_CMD:=$ROOT/.venv/bin/python -m bridge --engine scripted}"
+cd "$ROOT"   # so `python -m bridge` finds the package
+. "$HERE/oam.sh"
+
+FAIL=0
+ok()   { echo "ok   - $*"; }
+bad()  { echo "FAIL - $*"; FAIL=1; }
+check() { # check DESC JSON JQ_BOOL_EXPR
+    if jq -e "$3" <<<"$2" >/dev/null 2>&1; then ok "$1"; else bad "$1: $3 on $2"; fi
+}
+step_params() { jq -c --arg n "$1" '.steps[] | select(.name==$n) | .request.params' "$SCEN"; }
+
+oam_start "$OAM_BRIDGE_CMD" || exit 1
+
+r=$(oam_request initialize "$(step_params initialize)") || bad "initialize: $r"
+check initialize "$r" '.protocolVersion == 1 and (.serverInfo.name|type=="string")'
+
+r=$(oam_request npc/create "$(step_params create_keeper)") || bad "create: $r"
+check create "$r" '.npcId == "keeper" and .engine == "scripted"'
+
+# run_turn PARAMS [cancel]  -> collects events of the turn into TURN_EVENTS (JSON array)
+run_turn() {
+    local params=$1 mode=${2:-} tid ev m seq=0 cancelled=0
+    tid=$(oam_request npc/respond "$params" | jq -r .turnId)
+    [ -n "$tid" ] && [ "$tid" != null ] || { bad "respond returned no turnId"; return 1; }
+    TURN_EVENTS='[]'
+    while ev=$(oam_next_event 20); do
+        m=$(jq -r .method <<<"$ev")
+        TURN_EVENTS=$(jq -c --argjson e "$ev" '. + [$e]' <<<"$TURN_EVENTS")
+        jq -e --arg t "$tid" --argjson s "$seq" '.params.turnId==$t and .params.seq==$s' <<<"$ev" >/dev/null \
+            || bad "event $m has wrong turnId/seq (want seq $seq): $ev"
+        seq=$((seq + 1))
+        case $m in
+            turn/toolCallRequested)
+                local cid; cid=$(jq -r .params.callId <<<"$ev")
+                local s; s=$(oam_request npc/submit "$(jq -cn --arg c "$cid" '{npcId:"keeper",callId:$c,output:{count:3}}')")
+                check "submit accepted" "$s" '.accepted == true' ;;
+            turn/textDelta)
+                if [ "$mode" = cancel ] && [ $cancelled = 0 ]; then
+                    cancelled=1
+                    local c; c=$(oam_request npc/cancel '{"npcId":"keeper"}')
+                    check "cancel lists turn" "$c" ".cancelled | index(\"$tid\") != null"
+                fi ;;
+            turn/completed|turn/failed) return 0 ;;
+        esac
+    done
+    bad "turn $tid: no terminal event"; return 1
+}
+
+run_turn "$(step_params respond_with_tool)"
+E=$TURN_EVENTS
+check "tool turn: started first" "$E" '.[0].method == "turn/started"'
+check "tool turn: toolCallRequested check_inventory(ale)" "$E" \
+    'any(.[]; .method=="turn/toolCallRequested" and .params.name=="check_inventory" and .params.arguments=={"item":"ale"})'
+check "tool turn: toolCallCompleted output" "$E" \
+    'any(.[]; .method=="turn/toolCallCompleted" and .params.output=={"count":3})'
+check "tool turn: deltas concatenate to text" "$E" \
+    '([.[] | select(.method=="turn/textDelta") | .params.delta] | join("")) == "We have 3 barrels of ale."'
+check "tool turn: completed" "$E" \
+    '.[-1].method=="turn/completed" and .[-1].params.text=="We have 3 barrels of ale." and .[-1].params.toolCalls[0].name=="check_inventory" and .[-1].params.toolCalls[0].output=={"count":3}'
+
+run_turn "$(step_params schema_turn)"
+check "schema turn: completed json" "$TURN_EVENTS" \
+    '.[-1].method=="turn/completed" and .[-1].params.json=={"mood":"happy","line":"Welcome!"}'
+
+run_turn "$(step_params cancel_turn)" cancel
+check "cancel turn: failed cancelled" "$TURN_EVENTS" \
+    '.[-1].method=="turn/failed" and .[-1].params.error.code=="cancelled" and all(.[]; .method!="turn/completed")'
+
+save=$(oam_request npc/transcript '{"npcId":"keeper"}') || bad "transcript: $save"
+check "transcript is an object" "$save" 'type=="object"'
+r=$(oam_request npc/restore "$(jq -cn --argjson s "$save" '{save:$s,npcId:"keeper2"}')") || bad "restore: $r"
+check "restore" "$r" '.npcId=="keeper2" and .turns >= 2'
+
+if r=$(oam_request npc/respond '{"npcId":"nobody","prompt":"hi"}'); then
+    bad "unknown npc accepted: $r"
+else
+    check "unknown_npc error" "$r" '.code == -31020 and .data.code == "unknown_npc"'
+fi
+
+oam_stop; rc=$?
+[ $rc -eq 0 ] && ok "bridge exited 0" || bad "bridge exit code $rc"
+
+[ $FAIL -eq 0 ] && echo "shell client: PASS" || echo "shell client: FAIL"
+exit $FAIL
