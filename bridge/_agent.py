@@ -212,7 +212,7 @@ class Npc:
             turn.move("failed")
         await self._emit_failed(turn, error)
 
-    def _visible(self, turn: Turn, working: list[Message], tools: list[ToolSpec]) -> tuple[list[Message], int]:
+    def _visible(self, working: list[Message], tools: list[ToolSpec]) -> tuple[list[Message], int]:
         """Drop the oldest complete turns until the prompt fits the engine's window."""
         reserve = self.config.options.max_tokens or 256
         budget = self.engine.context_size - reserve
@@ -245,7 +245,7 @@ class Npc:
         finish = "stop"
         while True:
             tools, mode = self._steer(p, step, rounds, calls_made)
-            msgs, dropped = self._visible(turn, working, tools)
+            msgs, dropped = self._visible(working, tools)
             if dropped > announced_drop:
                 announced_drop = dropped
                 await self._emit(

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -123,8 +124,9 @@ def engine() -> ScriptedEngine:
     return ScriptedEngine()
 
 
-@pytest.fixture
-async def server_client(engine: ScriptedEngine) -> AsyncIterator[tuple[Server, Client]]:
+@asynccontextmanager
+async def serve_in_memory(engine: ScriptedEngine) -> AsyncIterator[tuple[Server, Client]]:
+    """An in-process server on ``engine`` and a client over memory streams."""
     server = Server(EngineRegistry(default="scripted", scripted=engine), Limits())
     ours, theirs = trio.testing.memory_stream_pair()
     client = Client(ours, ours)
@@ -135,6 +137,12 @@ async def server_client(engine: ScriptedEngine) -> AsyncIterator[tuple[Server, C
             yield server, client
         server.stop()
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def server_client(engine: ScriptedEngine) -> AsyncIterator[tuple[Server, Client]]:
+    async with serve_in_memory(engine) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -198,17 +206,9 @@ async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
     and through the real subprocess on the native engine (the Swift library's scripted
     model behind the C ABI)."""
     if request.param == "memory":
-        server = Server(EngineRegistry(default="scripted", scripted=ScriptedEngine()), Limits())
-        ours, theirs = trio.testing.memory_stream_pair()
-        c = Client(ours, ours)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(server.serve, theirs, theirs)
-            nursery.start_soon(c.run_reader)
+        async with serve_in_memory(ScriptedEngine()) as (_, c):
             await c.initialize()
-            with trio.fail_after(DEADLINE):
-                yield c
-            server.stop()
-            nursery.cancel_scope.cancel()
+            yield c
     else:
         engine = ["--engine", "native"] if request.param == "native-subprocess" else []
         async with trio.open_nursery() as nursery:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bridge import ScriptedEngine, Server
+from bridge import ScriptedEngine
 
-from .conftest import DOOR_TOOL, INVENTORY_TOOL, Client
+from .conftest import DOOR_TOOL, INVENTORY_TOOL, Client, serve_in_memory
 
 
 def call(id_: str, name: str = "check_inventory", **args: object) -> dict:
@@ -97,18 +97,8 @@ async def test_text_after_a_tool_round_is_announced_as_a_reset(client: Client, e
 
 
 async def test_trimming_drops_oldest_complete_turns_from_what_the_model_sees() -> None:
-    import trio
-    import trio.testing
-
-    from bridge import EngineRegistry, Limits
-
     engine = ScriptedEngine(context_size=300)
-    server = Server(EngineRegistry(default="scripted", scripted=engine), Limits())
-    ours, theirs = trio.testing.memory_stream_pair()
-    client = Client(ours, ours)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.serve, theirs, theirs)
-        nursery.start_soon(client.run_reader)
+    async with serve_in_memory(engine) as (server, client):
         await client.initialize()
         await client.call("npc/create", {"npcId": "t", "instructions": "Be brief.", "options": {"maxTokens": 20}})
         for i in range(12):
@@ -123,5 +113,3 @@ async def test_trimming_drops_oldest_complete_turns_from_what_the_model_sees() -
         assert trims and all(t["promptTokens"] <= t["contextSize"] for t in trims)
         _, done = await client.turn("t", "x " * 400)  # cannot fit even alone
         assert done["params"]["error"]["code"] == "context_size_exceeded"
-        server.stop()
-        nursery.cancel_scope.cancel()

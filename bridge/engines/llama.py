@@ -165,8 +165,7 @@ class LlamaEngine:
             self._n_ctx = self._llm.n_ctx()
         self._template = self._llm.metadata.get("tokenizer.chat_template")
         import jinja2
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) \
-            if False else jinja2.Environment(loader=jinja2.BaseLoader())
+        env = jinja2.Environment(loader=jinja2.BaseLoader())  # not sandboxed yet: see the issue notes
         def _raise(msg):
             raise jinja2.exceptions.TemplateError(msg)
         env.globals["raise_exception"] = _raise
