@@ -84,13 +84,14 @@ def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
 
 
 def round_trip_section(n: int, label: str) -> None:
-    echo, techo, b = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge()
+    echo, techo, b, b0 = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge(), bridge("--poll-us", "0")
     e: list[float] = []
     te: list[float] = []
     r: list[float] = []
+    r0: list[float] = []
     for block in range(n // 100 + 2):  # interleaved blocks, so load on the machine hits all alike
         keep = block >= 2  # the first blocks warm up
-        for peer, out, is_echo in ((echo, e, True), (techo, te, True), (b, r, False)):
+        for peer, out, is_echo in ((echo, e, True), (techo, te, True), (b, r, False), (b0, r0, False)):
             xs = round_trips(peer, 100, is_echo)
             if keep:
                 out += xs
@@ -98,13 +99,14 @@ def round_trip_section(n: int, label: str) -> None:
     print(f"  line-echo baseline        p50 {pct(e, .5):8.1f}   p99 {pct(e, .99):8.1f}")
     print(f"  trio FdStream echo        p50 {pct(te, .5):8.1f}   p99 {pct(te, .99):8.1f}")
     print(f"  oam-bridge npc/list       p50 {pct(r, .5):8.1f}   p99 {pct(r, .99):8.1f}")
-    print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x")
-    for peer in (echo, techo, b):
+    print(f"  same, --poll-us 0         p50 {pct(r0, .5):8.1f}   p99 {pct(r0, .99):8.1f}")
+    print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x; without polling {pct(r0, .5) / pct(e, .5):.2f}x")
+    for peer in (echo, techo, b, b0):
         peer.close()
 
 
-def bridge() -> Peer:
-    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted"])
+def bridge(*extra: str) -> Peer:
+    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted", *extra])
     b.call("initialize", {"protocolVersion": 1})
     return b
 
@@ -121,6 +123,8 @@ def main() -> None:
     round_trip_section(n, "client and server pinned to one core")
     os.sched_setaffinity(0, cpus)
     round_trip_section(n, "unpinned")
+    if "--round-trip" in sys.argv:
+        return
     b = bridge()
 
     words = 20_000 if quick else 100_000

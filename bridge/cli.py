@@ -25,6 +25,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES)
     ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
+    ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
     ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
     return ap.parse_args(argv)
@@ -35,7 +36,7 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
     kwargs = {"llama": {"model_path": args.model}} if args.model else {}
     registry = EngineRegistry(default=args.engine, scripted=scripted, **kwargs)
     server = Server(registry, Limits(max_line_bytes=args.max_line_bytes))
-    recv, send = open_streams(stdio, threads=args.stdio == "threads")
+    recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
     async def on_signals() -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
