@@ -290,6 +290,7 @@ class Npc:
                     else:
                         usage.add(chunk.usage)
                         finish = chunk.finish_reason
+                        warnings.extend(w for w in chunk.warnings if w not in warnings)
             step += 1
             shown_text = text
             if calls and mode != "disallowed":

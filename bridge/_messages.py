@@ -45,6 +45,7 @@ class NpcConfig(_Params):
     persona: Persona | None = None
     tools: list[ToolSpec] = []
     engine: str = "auto"
+    model: str | None = None  # llama engine: a GGUF file for this NPC (default: the bridge's)
     options: GenerationOptions = GenerationOptions()
     script: list[Any] | None = None
 

@@ -57,6 +57,16 @@ def _error(id_: Any, err: BridgeError) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id_, "error": err.to_wire()}
 
 
+def _whole_floats_as_ints(obj: Any) -> Any:
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_whole_floats_as_ints(v) for v in obj]
+    return obj
+
+
 def _nesting_ok(obj: Any, limit: int) -> bool:
     stack = [(obj, 1)]
     while stack:
@@ -128,7 +138,7 @@ class Server:
             return _error(None, BridgeError("invalid_message", "a message must be a JSON object", reason="not_object"))
         has_id = "id" in obj
         id_ = obj.get("id")
-        if has_id and not (id_ is None or (isinstance(id_, (str, int)) and not isinstance(id_, bool))):
+        if has_id and not (id_ is None or (isinstance(id_, (str, int)) and not isinstance(id_, bool)) or (isinstance(id_, float) and id_.is_integer())):
             return _error(None, BridgeError("invalid_message", "id must be a string, an integer or null", reason="bad_id"))
         if obj.get("jsonrpc") != "2.0":
             return _error(id_, BridgeError("invalid_message", 'jsonrpc must be "2.0"', reason="bad_version"))
@@ -163,7 +173,12 @@ class Server:
         try:
             p = msgspec.convert(params, typ)
         except msgspec.ValidationError as e:
-            raise BridgeError("invalid_params", str(e), reason="validation") from None
+            # Clients whose JSON has only doubles (Godot, JavaScript) send 2.0 for 2: accept a
+            # whole-number float where an integer goes, and nothing looser.
+            try:
+                p = msgspec.convert(_whole_floats_as_ints(params), typ)
+            except msgspec.ValidationError:
+                raise BridgeError("invalid_params", str(e), reason="validation") from None
         return getattr(self, "_m_" + method.replace("/", "_"))(p)
 
     def _npc(self, npc_id: str) -> Npc:
@@ -215,7 +230,9 @@ class Server:
         for t in config.tools:
             check_schema(t.parameters, f"parameters of tool {t.name!r}")
         engine_name = self.registry.resolve(config.engine)
-        engine = self.registry.get(engine_name)
+        if config.model is not None and engine_name != "llama":
+            raise BridgeError("invalid_params", f"model is only for the llama engine, not {engine_name!r}")
+        engine = self.registry.get(engine_name, model=config.model)
         engine.forget(config.npc_id)
         if config.script is not None:
             set_script = getattr(engine, "set_script", None)
@@ -338,12 +355,13 @@ class Server:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             log.debug("dropped a line after the output closed")
 
-    async def serve(self, recv: trio.abc.ReceiveStream, send: trio.abc.SendStream, out_fd: int | None = None) -> None:
+    async def serve(self, recv: trio.abc.ReceiveStream, send: trio.abc.SendStream, out_fd: int | None = None, preload: bool = False) -> None:
         """Serve until stdin EOF, ``exit`` or ``stop()``; every accepted turn gets its
         terminal event before this returns (bounded by a short grace period).
 
         ``out_fd``: the non-blocking fd behind ``send``, if it has one; lines are then
-        written straight to it when nothing is queued."""
+        written straight to it when nothing is queued. ``preload``: start the default model
+        engine in a worker thread at once, instead of on the first ``npc/create``."""
         self._direct_fd = out_fd
         in_send, in_recv = trio.open_memory_channel[bytes | LineTooLong](self.limits.max_pending_lines)
         try:
@@ -352,6 +370,8 @@ class Server:
                 nursery.start_soon(self._writer, send)
                 nursery.start_soon(self._processor, in_recv)
                 nursery.start_soon(self._reader, recv, in_send)
+                if preload:
+                    nursery.start_soon(self.registry.preload)
                 await self._stop.wait()
                 await self._wind_down()
                 nursery.cancel_scope.cancel()

@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--engine", default=os.environ.get("OAM_ENGINE", "auto"), choices=["auto", "scripted", "llama", "native"], help="default engine for npc/create's 'auto' (env OAM_ENGINE)")
     ap.add_argument("--script", help="scripted engine: a JSON file of steps ({\"default\": [...], \"npcs\": {id: [...]}} or a list)")
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
+    ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
+    ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES)
     ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
     ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
@@ -33,8 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
     scripted = ScriptedEngine.from_file(args.script) if args.script else ScriptedEngine()
-    kwargs = {"llama": {"model_path": args.model}} if args.model else {}
-    registry = EngineRegistry(default=args.engine, scripted=scripted, **kwargs)
+    llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
+    if args.model:
+        llama_kwargs["model_path"] = args.model
+    if args.llama_ctx:
+        llama_kwargs["n_ctx"] = args.llama_ctx
+    registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs)
     server = Server(registry, Limits(max_line_bytes=args.max_line_bytes))
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
@@ -46,7 +52,7 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(on_signals)
-        await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)())
+        await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
         nursery.cancel_scope.cancel()
 
 

@@ -156,6 +156,12 @@ class Proc:
     def __init__(self, process: trio.Process, client: Client) -> None:
         self.process = process
         self.client = client
+        self.stderr = bytearray()  # everything the bridge logged, drained so it never blocks
+
+    async def drain_stderr(self) -> None:
+        assert self.process.stderr is not None
+        async for chunk in self.process.stderr:
+            self.stderr += chunk
 
 
 async def open_bridge(nursery: trio.Nursery, *args: str, env: dict[str, str] | None = None) -> Proc:
@@ -174,7 +180,9 @@ async def open_bridge(nursery: trio.Nursery, *args: str, env: dict[str, str] | N
     assert process.stdin and process.stdout
     c = Client(process.stdin, process.stdout)
     nursery.start_soon(c.run_reader)
-    return Proc(process, c)
+    p = Proc(process, c)
+    nursery.start_soon(p.drain_stderr)
+    return p
 
 
 @pytest.fixture

@@ -84,3 +84,26 @@ async def test_returning_npc_cache(engine):
     await collect(engine, req("B", [Message("user", "Totally different words from Bob here.")], max_tokens=4))
     out = await collect(engine, req("A", msgs_a + [Message("assistant", "ok"), Message("user", "and?")], max_tokens=4))
     assert out[-1].usage.cached_tokens > 20
+
+
+def test_cut_off_call_batch_keeps_the_calls_generated_whole():
+    from bridge.engines.llama import _complete_calls
+
+    text = '{"tool_calls":[{"name":"give","arguments":{"item":"apple"}}, {"name":"wave","argu'
+    assert _complete_calls(text) == [{"name": "give", "arguments": {"item": "apple"}}]
+    assert _complete_calls('{"tool_calls":[{"na') == []
+    assert len(_complete_calls('{"tool_calls":[{"name":"a","arguments":{}},{"name":"b","arguments":{}}]}')) == 2
+
+
+def test_grammar_bounds_free_strings_and_names_what_it_cannot_enforce():
+    from bridge.engines.llama import TOOL_STRING_MAX, _build_grammar
+
+    note = ToolSpec("note", "Write", {"type": "object", "properties": {
+        "text": {"type": "string"}, "n": {"type": "integer", "minimum": 1}}, "required": ["text", "n"]})
+    text, warnings = _build_grammar(req(tools=[note], mode="required"))
+    assert f"{{0,{TOOL_STRING_MAX}}}" in text.replace(" ", "")
+    assert warnings == ["tool note.n: 'minimum' is not enforced while generating (checked afterwards)"]
+    text2, warnings2 = _build_grammar(req(tools=[note], mode="required"))
+    assert text2 == text and warnings2 == warnings, "cached grammar, same warnings"
+    text3, _ = _build_grammar(req(tools=[note], mode="disallowed"))
+    assert text3 is None, "a disallowed step has no call in its grammar"

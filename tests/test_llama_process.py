@@ -11,8 +11,8 @@ from bridge.engines import llama
 
 from .conftest import open_bridge
 
-# An enum keeps the small model's arguments short; with a free string it can run to
-# maxTokens inside the JSON (a known gap of the llama engine, see the issue notes).
+# An enum: the game's inventory has fixed item names (free strings are covered in
+# test_llama_steering.py, where the grammar bounds them).
 INVENTORY_TOOL = {
     "name": "check_inventory",
     "description": "Look up how many of an item the tavern has in stock.",

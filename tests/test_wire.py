@@ -95,6 +95,27 @@ def test_initialize_twice_and_wrong_types() -> None:
     assert r["error"]["code"] == -32602 and "npcId" in r["error"]["message"]
 
 
+def test_whole_number_floats_count_as_integers() -> None:
+    # REQ wire-doubles: Godot and JavaScript send every number as a double
+    s = Server()
+    r = rpc(s, {"jsonrpc": "2.0", "id": 1.0, "method": "initialize", "params": {"protocolVersion": 1.0}})
+    assert r["result"]["protocolVersion"] == 1 and r["id"] == 1.0, "the id comes back as it was sent"
+    assert rpc(s, {"jsonrpc": "2.0", "id": 1.5, "method": "npc/list"})["error"]["data"]["reason"] == "bad_id"
+    ok = {"jsonrpc": "2.0", "id": 2, "method": "tokens/count", "params": {"text": "hi", "engine": "scripted"}}
+    assert "result" in rpc(s, ok)
+    for bad in (1.5, "1"):  # a fraction, or a string, is never an integer
+        r = rpc(s, {"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {"protocolVersion": bad}})
+        assert r["error"]["code"] == -32602 and "protocolVersion" in r["error"]["message"]
+
+
+async def test_whole_number_floats_reach_integer_options(client) -> None:  # type: ignore[no-untyped-def]
+    await client.call("npc/create", {"npcId": "a", "script": [{"text": "hi"}], "options": {"maxTokens": 64.0, "seed": 3.0, "temperature": 1.0}})
+    save = await client.call("npc/transcript", {"npcId": "a"})
+    assert save["config"]["options"]["maxTokens"] == 64 and isinstance(save["config"]["options"]["maxTokens"], int)
+    _, done = await client.turn("a", "x", maxToolRounds=2.0, toolTimeoutMs=1000.0)
+    assert done["method"] == "turn/completed"
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash_and_always_answer_once(data: bytes) -> None:

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+import threading
 from typing import Any
+
+import trio
 
 from ..errors import BridgeError
 from .base import Engine, EngineInfo
 from .scripted import ScriptedEngine
 
 log = logging.getLogger("oam_bridge.engines")
+
+
+def _default_model(name: str) -> str:
+    if name != "llama":
+        return ""
+    from .llama import default_model_path
+
+    return default_model_path()
 
 # name -> (module, class); loaded lazily so a missing optional dependency only disables one.
 _OPTIONAL = {"native": ("bridge.engines.native", "NativeEngine"), "llama": ("bridge.engines.llama", "LlamaEngine")}
@@ -23,8 +35,9 @@ class EngineRegistry:
         self.default = default
         self._engines: dict[str, Engine] = {"scripted": scripted or ScriptedEngine()}
         self._kwargs = engine_kwargs  # per engine name: constructor kwargs
+        self._starting = threading.Lock()  # one construction at a time (preload thread vs get)
 
-    def _availability(self, name: str) -> tuple[bool, str | None]:
+    def _availability(self, name: str, model_path: str | None = None) -> tuple[bool, str | None]:
         if name == "scripted":
             return True, None
         mod_name, _ = _OPTIONAL[name]
@@ -33,7 +46,8 @@ class EngineRegistry:
         except ImportError as e:
             return False, f"not installed: {e}"
         try:
-            return mod.availability()  # type: ignore[no-any-return]
+            path = model_path or self._kwargs.get(name, {}).get("model_path")
+            return mod.availability(path) if path else mod.availability()  # type: ignore[no-any-return]
         except Exception as e:  # availability probes must never take the bridge down
             return False, f"{type(e).__name__}: {e}"
 
@@ -66,23 +80,54 @@ class EngineRegistry:
             reasons.append(f"{cand}: {reason}")
         raise BridgeError("model_unavailable", "no model engine is available (" + "; ".join(reasons) + ")")
 
-    def get(self, name: str) -> Engine:
+    def get(self, name: str, model: str | None = None) -> Engine:
+        """The engine ``name`` resolves to, started on first use. ``model``: the llama engine
+        on another GGUF file (one loaded model per file, shared by the NPCs that name it)."""
         name = self.resolve(name)
-        eng = self._engines.get(name)
+        key = name
+        kwargs = dict(self._kwargs.get(name, {}))
+        if model is not None:
+            path = os.path.realpath(model)
+            if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
+                key, kwargs["model_path"] = f"{name}@{path}", path
+        eng = self._engines.get(key)
         if eng is not None:
             return eng
-        ok, reason = self._availability(name)
+        with self._starting:
+            return self._start(name, key, kwargs)
+
+    def _start(self, name: str, key: str, kwargs: dict[str, Any]) -> Engine:
+        eng = self._engines.get(key)
+        if eng is not None:  # the preload thread finished while we waited
+            return eng
+        ok, reason = self._availability(name, kwargs.get("model_path"))
         if not ok:
             raise BridgeError("model_unavailable", f"engine {name!r} is unavailable: {reason}", engine=name)
         mod_name, cls_name = _OPTIONAL[name]
         cls = getattr(importlib.import_module(mod_name), cls_name)
         try:
-            eng = cls(**self._kwargs.get(name, {}))
+            eng = cls(**kwargs)
         except Exception as e:
-            log.exception("engine %s failed to start", name)
+            log.exception("engine %s failed to start", key)
             raise BridgeError("model_unavailable", f"engine {name!r} failed to start: {e}", engine=name) from None
-        self._engines[name] = eng
+        self._engines[key] = eng
         return eng
+
+    async def preload(self) -> None:
+        """Start the default model engine in a worker thread, so the first ``npc/create``
+        does not stall the dispatch loop while weights load. Failures are only logged: the
+        create that needs the engine reports them."""
+        try:
+            name = self.resolve("auto")
+        except BridgeError:
+            return
+        if name in self._engines:
+            return
+        try:
+            await trio.to_thread.run_sync(self.get, name, abandon_on_cancel=True)
+            log.info("engine %s preloaded", name)
+        except BridgeError as e:
+            log.info("preloading %s failed: %s", name, e)
 
     async def aclose(self) -> None:
         for eng in self._engines.values():

@@ -92,6 +92,7 @@ class Usage(msgspec.Struct, rename="camel"):
 class StepDone(msgspec.Struct, frozen=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     finish_reason: str = "stop"
+    warnings: list[str] = []  # e.g. schema features the engine could not enforce
 
 
 Chunk = TextChunk | ToolCallsChunk | StepDone

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import importlib.resources
 import json
 import math
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import trio
 
 from bridge.engines.base import (
@@ -63,11 +66,52 @@ def availability(model_path: str | None = None) -> tuple[bool, str | None]:
     return True, None
 
 
-def _tools_schema(tools: list[ToolSpec]) -> dict[str, Any]:
+# Schema keywords llama.cpp's JSON-Schema-to-GBNF converter does not turn into grammar:
+# the answer is still validated against them afterwards, and the turn reports a warning.
+_NOT_IN_GRAMMAR = frozenset({
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
+    "not", "if", "then", "else", "contains", "minContains", "maxContains", "patternProperties",
+    "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "propertyNames",
+    "unevaluatedProperties", "unevaluatedItems",
+})
+_GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+# A free string argument without a length bound can run the call to maxTokens: bound it.
+TOOL_STRING_MAX = 256
+
+
+def _for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | None) -> Any:
+    """A copy of ``schema`` for the grammar: unbounded strings get ``string_max`` and every
+    keyword the grammar cannot enforce is named in ``warnings``."""
+    if isinstance(schema, list):
+        return [_for_grammar(x, where, warnings, string_max) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, val in schema.items():
+        if key in _NOT_IN_GRAMMAR:
+            warnings.append(f"{where}: '{key}' is not enforced while generating (checked afterwards)")
+        if key == "format" and val not in _GRAMMAR_FORMATS:
+            warnings.append(f"{where}: format '{val}' is not enforced while generating (checked afterwards)")
+        if key in ("properties", "$defs", "definitions") and isinstance(val, dict):
+            out[key] = {k: _for_grammar(v, f"{where}.{k}", warnings, string_max) for k, v in val.items()}
+        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"):
+            out[key] = _for_grammar(val, where, warnings, string_max)
+        else:
+            out[key] = val
+    free_string = out.get("type") == "string" and not any(k in out for k in ("maxLength", "enum", "const", "pattern", "format"))
+    if string_max is not None and free_string:
+        out["maxLength"] = string_max
+    return out
+
+
+def _tools_schema(tools: list[ToolSpec], warnings: list[str]) -> dict[str, Any]:
     items = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters or {"type": "object"}},
+            "properties": {
+                "name": {"const": t.name},
+                "arguments": _for_grammar(t.parameters or {"type": "object"}, f"tool {t.name}", warnings, TOOL_STRING_MAX),
+            },
             "required": ["name", "arguments"],
         }
         for t in tools
@@ -82,28 +126,78 @@ def _tools_schema(tools: list[ToolSpec]) -> dict[str, Any]:
     }
 
 
-def _build_grammar(request: StepRequest) -> str | None:
+def _build_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
+    """The step's GBNF grammar (None: free text) and the schema warnings, cached by what
+    decides them: the same tools, mode and schema give the same grammar."""
+    use_tools = bool(request.tools) and request.tool_mode != "disallowed"
+    key = json.dumps([[msgspec.to_builtins(t) for t in request.tools] if use_tools else [],
+                      request.tool_mode if use_tools else "", request.schema], sort_keys=True)
+    text, warnings = _grammar_for_key(key)
+    return text, list(warnings)
+
+
+def _compact_repetition(grammar: str) -> str:
+    """llama-cpp-python's converter spells ``maxLength`` N as N nested optionals, which the
+    grammar sampler then tracks as N nested stacks; llama.cpp parses ``char{0,N}`` itself."""
+    from llama_cpp.llama_grammar import _build_repetition
+
+    for atom, n in (("char", TOOL_STRING_MAX), ("[0-9]", 15)):  # bounded strings; integers' digits
+        grammar = grammar.replace(_build_repetition(atom, 0, n), f"{atom}{{0,{n}}}")
+    return grammar
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_for_key(key: str) -> tuple[str | None, tuple[str, ...]]:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    use_tools = bool(request.tools) and request.tool_mode != "disallowed"
-    if not use_tools:
-        if request.schema is not None:
-            return json_schema_to_gbnf(json.dumps(request.schema))
-        return None
-    call = json_schema_to_gbnf(json.dumps(_tools_schema(request.tools)))
+    tools_raw, mode, schema = json.loads(key)
+    tools = [msgspec.convert(t, ToolSpec) for t in tools_raw]
+    warnings: list[str] = []
+
+    def answer() -> str:
+        return _compact_repetition(json_schema_to_gbnf(json.dumps(_for_grammar(schema, "schema", warnings, None))))
+
+    if not tools:
+        return (answer() if schema is not None else None), tuple(dict.fromkeys(warnings))
+    call = _compact_repetition(json_schema_to_gbnf(json.dumps(_tools_schema(tools, warnings))))
     call = call.replace("root ::=", "oamcall ::=", 1)
-    if request.tool_mode == "required":
-        return call + "\nroot ::= oamcall\n"
-    if request.schema is not None:
-        ans = json_schema_to_gbnf(json.dumps(request.schema))
+    if mode == "required":
+        text = call + "\nroot ::= oamcall\n"
+    elif schema is not None:
+        ans = answer()
         # prefix every rule of the answer grammar to avoid collisions
-        import re
         names = set(re.findall(r"^([A-Za-z0-9-]+) ::=", ans, re.M))
         for n in sorted(names, key=len, reverse=True):
             ans = re.sub(rf"(?<![A-Za-z0-9-]){re.escape(n)}(?![A-Za-z0-9-])", f"oamans-{n}", ans)
-        return call + "\n" + ans + "\nroot ::= oamcall | oamans-root\n"
-    # leading marker: a tool call starts with '{"tool_calls"', free text never starts with '{'
-    return call + '\noamtext ::= [^{ \\t\\n\\r] [^\\x00]*\nroot ::= oamcall | oamtext\n'
+        text = call + "\n" + ans + "\nroot ::= oamcall | oamans-root\n"
+    else:
+        # leading marker: a tool call starts with '{"tool_calls"', free text never starts with '{'
+        text = call + '\noamtext ::= [^{ \\t\\n\\r] [^\\x00]*\nroot ::= oamcall | oamtext\n'
+    return text, tuple(dict.fromkeys(warnings))
+
+
+def _complete_calls(text: str) -> list[dict[str, Any]]:
+    """The calls in a (possibly cut-off) ``{"tool_calls":[...]}`` text: every call object
+    that was generated whole. The grammar makes each one valid, so only a call cut off by
+    ``maxTokens`` is lost, never the ones before it."""
+    start = text.find("[")
+    if start < 0:
+        return []
+    dec = json.JSONDecoder()
+    calls: list[dict[str, Any]] = []
+    i = start + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] != "{":
+            break
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            calls.append(obj)
+    return calls
 
 
 class _State:
@@ -139,7 +233,8 @@ class LlamaEngine:
     name = "llama"
 
     def __init__(self, model_path: str | None = None, n_ctx: int | None = None,
-                 n_threads: int | None = None, cache_bytes: int = 512 * 1024 * 1024) -> None:
+                 n_threads: int | None = None, cache_bytes: int = 512 * 1024 * 1024,
+                 verbose: bool = False) -> None:
         self.model_path = model_path or default_model_path()
         ok, reason = availability(self.model_path)
         self._available, self._reason = ok, reason
@@ -153,11 +248,13 @@ class LlamaEngine:
             return
         import llama_cpp
 
-        _silence_llama_logs()
+        if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
+            _silence_llama_logs()
         threads = n_threads or max(1, os.cpu_count() or 1)
         self._llm = llama_cpp.Llama(model_path=self.model_path, n_ctx=n_ctx or MAX_DEFAULT_CTX,
-                                    n_threads=threads, n_threads_batch=threads, verbose=False)
-        _silence_llama_logs()
+                                    n_threads=threads, n_threads_batch=threads, verbose=verbose)
+        if not verbose:
+            _silence_llama_logs()
         if n_ctx is None:
             train = self._llm._model.n_ctx_train()
             self._n_ctx = min(train, MAX_DEFAULT_CTX)
@@ -165,8 +262,12 @@ class LlamaEngine:
             self._n_ctx = self._llm.n_ctx()
         self._template = self._llm.metadata.get("tokenizer.chat_template")
         import jinja2
-        env = jinja2.Environment(loader=jinja2.BaseLoader())  # not sandboxed yet: see the issue notes
-        def _raise(msg):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        # a GGUF file's chat template is data from the model's author: render it sandboxed
+        env = ImmutableSandboxedEnvironment(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True)
+
+        def _raise(msg: str) -> None:
             raise jinja2.exceptions.TemplateError(msg)
         env.globals["raise_exception"] = _raise
         self._jinja = env.from_string(self._template) if self._template else None
@@ -354,7 +455,7 @@ class LlamaEngine:
                               request.schema)
         tokens = self._tokens(prompt)
         try:
-            grammar_text = _build_grammar(request)
+            grammar_text, warnings = _build_grammar(request)
         except Exception as e:
             raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
         send, recv = trio.open_memory_channel[Any](math.inf)
@@ -413,21 +514,19 @@ class LlamaEngine:
                     elif kind == "done":
                         usage, finish = item[1], item[2]
                         if decided != "text" and buf:
-                            try:
-                                data = json.loads(buf)
-                                calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
-                                                  arguments=c.get("arguments") or {})
-                                         for c in data["tool_calls"]]
-                            except Exception as e:
-                                raise BridgeError("generation_failed",
-                                                  f"malformed tool call (finish={finish})") from e
+                            raw = _complete_calls(buf)
+                            if not raw:
+                                raise BridgeError("generation_failed", f"malformed tool call (finish={finish})",
+                                                  text=buf[:200])
+                            calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
+                                              arguments=c.get("arguments") or {}) for c in raw]
                             yield ToolCallsChunk(calls)
                             finish = "tool_calls"
                         elif decided is None and buf:
                             yield TextChunk(buf)
                         if request.tool_mode == "required" and finish != "tool_calls":
                             raise BridgeError("generation_failed", "no tool call produced")
-                        yield StepDone(usage=usage, finish_reason=finish)
+                        yield StepDone(usage=usage, finish_reason=finish, warnings=warnings)
                     elif kind == "end":
                         return
         finally:
