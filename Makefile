@@ -18,7 +18,8 @@ setup: $(STAMP)
 native:
 	@if ! test -f native/Package.swift; then echo "native: no package yet"; \
 	elif command -v swift >/dev/null 2>&1 || test -x /opt/swift/usr/bin/swift; then \
-	  PATH="$$PATH:/opt/swift/usr/bin" swift build -c release --package-path native; \
+	  PATH="$$PATH:/opt/swift/usr/bin" swift build -c release --package-path native && \
+	  PATH="$$PATH:/opt/swift/usr/bin" swift test --package-path native -q; \
 	else echo "native: no Swift toolchain; skipping the native library"; fi
 
 test: setup native

@@ -1,21 +1,32 @@
 """The native engine (Swift library behind the C ABI, scripted model) against the Python
-scripted engine, same run: events per second of one long streamed step, round trip of a
-short step, and resident memory over 10,000 create / step / destroy cycles.
+scripted engine, same run, same script, same chunking (both cut `\\S+\\s*|\\s+`):
+
+1. engine level: events per second of one long streamed step through `stream_step`
+   (medians of several interleaved runs, and the native/python ratio);
+2. end to end: events per second of one long streamed turn (fullText false) through the
+   real `oam-bridge` subprocess, `--engine native` against `--engine scripted`, counting
+   turn/textDelta lines at the client (as bench_protocol.py does);
+3. round trip of a short step, and resident memory over 10,000 create / step / destroy
+   cycles (2,000 with --quick).
 
 Usage: python bench/bench_native.py [--quick]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
 
 import trio
 
-from bridge.engines import native
-from bridge.engines.base import GenerationOptions, Message, StepRequest, TextChunk
-from bridge.engines.scripted import ScriptedEngine
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_protocol import Peer  # noqa: E402
+
+from bridge.engines import native  # noqa: E402
+from bridge.engines.base import GenerationOptions, Message, StepRequest, TextChunk  # noqa: E402
+from bridge.engines.scripted import ScriptedEngine  # noqa: E402
 
 
 def request(prompt: str = "hi") -> StepRequest:
@@ -32,8 +43,9 @@ async def events_per_second(engine: object, words: int) -> float:
     n = 0
     async for chunk in engine.stream_step(request()):  # type: ignore[attr-defined]
         n += isinstance(chunk, TextChunk)
-    assert n >= words, n
-    return n / (time.perf_counter() - t)
+    dt = time.perf_counter() - t
+    assert n == words, n  # same chunking on both engines
+    return n / dt
 
 
 async def round_trip_us(engine_factory: object, n: int) -> float:
@@ -48,25 +60,76 @@ async def round_trip_us(engine_factory: object, n: int) -> float:
     return statistics.median(xs)
 
 
+def turn_rate(b: Peer, npc: str, words: int) -> float:
+    """textDelta lines per second at the client for one turn of `words` deltas."""
+    b.call("npc/create", {"npcId": npc, "script": [{"text": "la " * words}]})
+    t = time.perf_counter()
+    b.send({"jsonrpc": "2.0", "id": "go", "method": "npc/respond", "params": {"npcId": npc, "prompt": "sing", "fullText": False}})
+    deltas = 0
+    while True:
+        line = b.line()
+        if b'"turn/textDelta"' in line:
+            deltas += 1
+        elif b'"turn/completed"' in line or b'"turn/failed"' in line:
+            break
+    rate = deltas / (time.perf_counter() - t)
+    assert deltas == words, (npc, deltas)
+    b.call("npc/delete", {"npcId": npc})
+    return rate
+
+
+def end_to_end(words: int, runs: int) -> tuple[list[float], list[float]]:
+    """Both bridges alive at once, turns interleaved, so machine load hits both alike."""
+    peers = {}
+    for engine in ("scripted", "native"):
+        peers[engine] = Peer([sys.executable, "-m", "bridge", "--engine", engine])
+        peers[engine].call("initialize", {"protocolVersion": 1})
+        turn_rate(peers[engine], "warmup", words // 10)
+    rates: dict[str, list[float]] = {"scripted": [], "native": []}
+    for k in range(runs):
+        for engine, b in peers.items():
+            rates[engine].append(turn_rate(b, f"bard{k}", words))
+    for b in peers.values():
+        b.close()
+    return rates["scripted"], rates["native"]
+
+
 async def main() -> None:
     quick = "--quick" in sys.argv
     ok, reason = native.availability()
     if not ok:
         raise SystemExit(f"native engine unavailable: {reason}")
-    words = 5_000 if quick else 20_000
+
+    words = 20_000
+    runs = 7 if quick else 15
     script = [{"text": "la " * words}]
     py, nat = [], []
-    for _ in range(3):
+    for _ in range(2):  # warm-up
+        await events_per_second(ScriptedEngine(script=script), words)
+        await events_per_second(native.NativeEngine(script=script), words)
+    for _ in range(runs):  # interleaved, so machine load hits both alike
         py.append(await events_per_second(ScriptedEngine(script=script), words))
         e = native.NativeEngine(script=script)
         nat.append(await events_per_second(e, words))
         await e.aclose()
     p, q = statistics.median(py), statistics.median(nat)
-    print(f"events per second, one step of {words} text chunks: python scripted {p:,.0f}; native {q:,.0f}; native/python {q / p:.2f} (target >= 0.80)")
+    print(f"engine level, one step of {words:,} text chunks, median of {runs}:")
+    print(f"  python scripted (baseline) {p:12,.0f} events/s")
+    print(f"  native                     {q:12,.0f} events/s   native/python {q / p:.2f}  (target >= 0.80)")
+
+    e2e_words = 20_000 if quick else 100_000
+    e2e_runs = 3 if quick else 7
+    e2e_s, e2e_n = end_to_end(e2e_words, e2e_runs)
+    rs, rn = statistics.median(e2e_s), statistics.median(e2e_n)
+    print(f"end to end through the oam-bridge subprocess, one turn of {e2e_words:,} deltas (fullText false), median of {e2e_runs}:")
+    print(f"  --engine scripted (baseline) {rs:10,.0f} textDelta lines/s")
+    print(f"  --engine native              {rn:10,.0f} textDelta lines/s   native/scripted {rn / rs:.2f}  (target >= 0.80)")
+
     n = 200 if quick else 1000
     rp = await round_trip_us(lambda: ScriptedEngine(script=[{"text": "Hello there."}]), n)
-    rn = await round_trip_us(lambda: native.NativeEngine(script=[{"text": "Hello there."}]), n)
-    print(f"round trip of a short step (create, stream, close), median: python {rp:.0f} us; native {rn:.0f} us")
+    rn2 = await round_trip_us(lambda: native.NativeEngine(script=[{"text": "Hello there."}]), n)
+    print(f"round trip of a short step (stream only), median: python {rp:.0f} us; native {rn2:.0f} us")
+
     cycles = 2_000 if quick else 10_000
     for _ in range(200):  # warm-up: allocator pools, thread stacks
         e = native.NativeEngine(script=[{"text": "hi"}])
@@ -84,6 +147,28 @@ async def main() -> None:
             samples.append(rss_kib())
     after = rss_kib()
     print(f"resident memory over {cycles:,} create/step/destroy cycles: {before:,} KiB -> {after:,} KiB ({after - before:+,} KiB); samples {samples}")
+    # the same with a threaded producer (delayMs) and a cancelled step, which take the
+    # blocking-pull and cancel paths
+    async def threaded_cycle() -> None:
+        e = native.NativeEngine(script=[{"text": "hello there friend", "delayMs": 1}, {"text": "x " * 100, "chunkMs": 1}])
+        async for _c in e.stream_step(request()):
+            pass
+        with trio.move_on_after(0.002):
+            async for _c in e.stream_step(request()):
+                pass
+        await e.aclose()
+
+    for _ in range(50):
+        await threaded_cycle()
+    before = rss_kib()
+    samples = []
+    n = cycles // 5
+    for i in range(n):
+        await threaded_cycle()
+        if i % (n // 5) == 0:
+            samples.append(rss_kib())
+    after = rss_kib()
+    print(f"resident memory over {n:,} threaded + cancelled step cycles: {before:,} KiB -> {after:,} KiB ({after - before:+,} KiB); samples {samples}")
 
 
 if __name__ == "__main__":

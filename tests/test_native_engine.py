@@ -61,7 +61,32 @@ async def collect(engine, request):
 
 def test_header_is_the_cdef_source():
     cdef = native.read_cdef()
-    assert "oam_step_next" in cdef and "#" not in cdef and 'extern "C"' not in cdef
+    assert "oam_step_pull" in cdef and "oam_batch" in cdef and "#" not in cdef and 'extern "C"' not in cdef
+    ffi, lib = native.load()
+    assert lib.oam_abi_version() == native.ABI_VERSION == 2
+    assert (lib.OAM_EVENT_TEXT, lib.OAM_EVENT_TOOL_CALLS, lib.OAM_EVENT_DONE, lib.OAM_EVENT_ERROR) == (1, 2, 3, 4)
+
+
+def pull_all(ffi, lib, step, timeout_ms=1000):
+    """Raw-ABI helper: [(kind, payload str)] of every event, then the final rc (-1)."""
+    out = ffi.new("oam_batch **")
+    events = []
+    while (rc := lib.oam_step_pull(step, timeout_ms, out)) == 1:
+        b = out[0]
+        data = ffi.unpack(b.data, b.size)
+        ends = ffi.unpack(b.ends, b.count)
+        char_ends = ffi.unpack(b.char_ends, b.count)
+        kinds = ffi.unpack(b.kinds, b.count)
+        assert b.count >= 1 and ends[-1] == b.size and char_ends[-1] == b.chars
+        assert b.text_count == sum(k == 1 for k in kinds)
+        text = data.decode()
+        s = cs = 0
+        for k, e, ce in zip(kinds, ends, char_ends):
+            assert data[s:e].decode() == text[cs:ce]  # byte and code-point offsets agree
+            events.append((k, data[s:e].decode()))
+            s, cs = e, ce
+    assert out[0].count == 0
+    return events, rc
 
 
 def test_availability_and_info():
@@ -78,12 +103,25 @@ async def test_stream_text_word_by_word():
     e = native.NativeEngine(script=[{"text": "Halt, who goes there?"}])
     chunks = await collect(e, req())
     texts = [c.delta for c in chunks if isinstance(c, TextChunk)]
-    assert texts == ["Halt,", " who", " goes", " there?"]
+    assert texts == ["Halt, ", "who ", "goes ", "there?"]  # the Python scripted engine's chunks
     assert isinstance(chunks[-1], StepDone) and chunks[-1].finish_reason == "stop"
     assert chunks[-1].usage.input_tokens > 0 and chunks[-1].usage.output_tokens == 4
     # script exhausted: echo
     chunks = await collect(e, req("open up"))
     assert "".join(c.delta for c in chunks if isinstance(c, TextChunk)) == "You said: open up"
+    await e.aclose()
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("extra", [{}, {"delayMs": 1}])
+async def test_long_step_matches_python_chunking(extra):
+    from bridge.engines.scripted import ScriptedEngine
+
+    text = " lead " + "".join(f"wörd{i}\u3000 " if i % 7 == 0 else f"w{i} " for i in range(10_000)) + "end"
+    e = native.NativeEngine(script=[{"text": text, **extra}])
+    got = [c.delta for c in await collect(e, req()) if isinstance(c, TextChunk)]
+    want = [c.delta for c in await collect(ScriptedEngine(script=[{"text": text}]), req()) if isinstance(c, TextChunk)]
+    assert got == want and len(got) == 10_003  # crosses the 4096-delta push slices
     await e.aclose()
 
 
@@ -140,20 +178,57 @@ async def test_cancel_mid_step():
     assert "".join(c.delta for c in chunks if isinstance(c, TextChunk)) == "You said: again"
 
 
-def test_native_cancel_wakes_blocked_next():
+def test_native_cancel_wakes_blocked_pull():
     ffi, lib = native.load()
     eng = lib.oam_engine_create(b'{"script":[{"text":"slow","delayMs":5000}]}', ffi.NULL)
     step = lib.oam_step_start(eng, b'{"messages":[]}', ffi.NULL)
+    out = ffi.new("oam_batch **")
+    assert lib.oam_step_pull(step, 0, out) == 0 and out[0].count == 0  # never waits
     threading.Timer(0.1, lib.oam_step_cancel, (step,)).start()
-    out = ffi.new("char **")
     t0 = time.monotonic()
-    assert lib.oam_step_next(step, -1, out) == 1
-    ev = ffi.string(out[0]).decode()
-    lib.oam_string_free(out[0])
+    assert lib.oam_step_pull(step, -1, out) == 1
+    b = out[0]
+    assert b.count == 1 and b.text_count == 0 and ffi.unpack(b.kinds, 1) == [lib.OAM_EVENT_ERROR]
+    ev = ffi.unpack(b.data, b.size).decode()
     assert '"cancelled"' in ev and time.monotonic() - t0 < 1.0
-    assert lib.oam_step_next(step, 10, out) == -1 and out[0] == ffi.NULL
+    assert lib.oam_step_pull(step, 10, out) == -1 and out[0].count == 0
     lib.oam_engine_destroy(eng)  # engine destroyed before the step: still safe
     lib.oam_step_free(step)
+
+
+def test_raw_batch_layout_unicode_and_json_events():
+    ffi, lib = native.load()
+    script = '[{"text":"héllo wörld 😀 ok\u00a0x"},{"toolCalls":[{"name":"n","arguments":{"a":"é"}}],"text":"pre amble"}]'
+    eng = lib.oam_engine_create(('{"script":%s}' % script).encode(), ffi.NULL)
+    step = lib.oam_step_start(eng, b'{"messages":[]}', ffi.NULL)
+    events, rc = pull_all(ffi, lib, step)
+    assert rc == -1
+    assert events[:-1] == [(1, "héllo "), (1, "wörld "), (1, "😀 "), (1, "ok\u00a0"), (1, "x")]
+    assert events[-1][0] == 3 and '"finishReason":"stop"' in events[-1][1]
+    lib.oam_step_free(step)
+    step = lib.oam_step_start(eng, b'{"messages":[]}', ffi.NULL)
+    events, rc = pull_all(ffi, lib, step)
+    assert [k for k, _ in events] == [1, 1, 2, 3] and events[1][1] == "amble"
+    assert '"arguments":{"a":"é"}' in events[2][1]
+    lib.oam_step_free(step)
+    lib.oam_engine_destroy(eng)
+
+
+def test_pull_null_and_batch_survives_cancel():
+    ffi, lib = native.load()
+    out = ffi.new("oam_batch **")
+    assert lib.oam_step_pull(ffi.NULL, 0, out) == -1 and out[0] == ffi.NULL
+    eng = lib.oam_engine_create(b'{"script":[{"text":"a b c d","chunkMs":20}]}', ffi.NULL)
+    step = lib.oam_step_start(eng, b'{"messages":[]}', ffi.NULL)
+    assert lib.oam_step_pull(step, 1000, out) == 1
+    b = out[0]
+    first = ffi.unpack(b.data, b.size)
+    lib.oam_step_cancel(step)  # the delivered batch stays valid until the next pull
+    assert ffi.unpack(b.data, b.size) == first == b"a "
+    events, rc = pull_all(ffi, lib, step)
+    assert rc == -1 and events[-1][0] == 4 and '"cancelled"' in events[-1][1]
+    lib.oam_step_free(step)
+    lib.oam_engine_destroy(eng)
 
 
 @pytest.mark.trio
@@ -185,12 +260,8 @@ def test_many_os_threads_raw_abi():
             for _ in range(50):
                 eng = lib.oam_engine_create(b'{"script":[{"text":"a b c"}]}', ffi.NULL)
                 step = lib.oam_step_start(eng, b'{"messages":[{"role":"user","content":"x"}]}', ffi.NULL)
-                out = ffi.new("char **")
-                n = 0
-                while (rc := lib.oam_step_next(step, 1000, out)) == 1:
-                    lib.oam_string_free(out[0])
-                    n += 1
-                assert rc == -1 and n == 4, (rc, n)
+                events, rc = pull_all(ffi, lib, step)
+                assert rc == -1 and [k for k, _ in events] == [1, 1, 1, 3], (rc, events)
                 lib.oam_step_free(step)
                 lib.oam_engine_destroy(eng)
         except Exception as e:  # pragma: no cover

@@ -3,8 +3,13 @@
 The C declarations are read from native/include/oam_native.h (between the
 OAM_CDEF_BEGIN/END markers, preprocessor lines stripped): the header is the single
 source of the ABI. The library runs one model step; the agent loop stays in Python.
-Events are pulled on a trio worker thread with short timeouts, so cancelling the
-calling task reaches the native step within one timeout (oam_step_cancel).
+Events cross the ABI in batches (ABI 2, oam_step_pull): one pull hands over every queued
+event in library-owned buffers: text deltas as raw UTF-8, back to back, with end offsets
+in bytes and in code points; JSON only for toolCalls/done/error. A batch is decoded with
+one str() of the whole payload buffer and one ffi.unpack of the offsets, then sliced.
+A non-blocking pull runs on the trio thread; only when nothing is queued does a blocking
+pull (POLL_MS) go to a worker thread, so cancelling the calling task reaches the native
+step within one timeout (oam_step_cancel).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from bridge.errors import ERROR_CODES, BridgeError
 _NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 HEADER_PATH = _NATIVE_DIR / "include" / "oam_native.h"
 POLL_MS = 50
-MAX_BATCH = 256  # events taken per thread hop
+ABI_VERSION = 2
+EV_TEXT, EV_TOOL_CALLS, EV_DONE, EV_ERROR = 1, 2, 3, 4  # oam_event_kind
 
 _lock = threading.Lock()
 _loaded: tuple[Any, Any] | None = None
@@ -74,8 +80,10 @@ def load() -> tuple[Any, Any]:
             ffi = cffi.FFI()
             ffi.cdef(read_cdef())
             lib = ffi.dlopen(str(path))
-            if lib.oam_abi_version() != 1:
-                raise BridgeError("model_unavailable", f"libOamNative ABI {lib.oam_abi_version()} != 1")
+            if lib.oam_abi_version() != ABI_VERSION:
+                raise BridgeError(
+                    "model_unavailable", f"libOamNative ABI {lib.oam_abi_version()} != {ABI_VERSION} (rebuild native/)"
+                )
             _loaded = (ffi, lib)
         return _loaded
 
@@ -190,42 +198,60 @@ class NativeEngine:
             raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request")
         return step
 
-    def _next(self, step: Any, out: Any) -> tuple[int, list[dict[str, Any]]]:
-        """Runs on a worker thread (cffi drops the GIL during the call). Waits up to
-        POLL_MS for one event, then takes whatever else is already queued (up to
-        MAX_BATCH) without waiting, so one thread hop carries many events."""
-        rc = self._lib.oam_step_next(step, POLL_MS, out)
-        events: list[dict[str, Any]] = []
-        while rc == 1:
-            events.append(msgspec.json.decode(_take_string(self._ffi, self._lib, out[0]) or "{}"))
-            if len(events) >= MAX_BATCH or events[-1].get("type") in ("done", "error"):
-                break
-            rc = self._lib.oam_step_next(step, 0, out)
-        return (1 if events else rc), events
+    def _pull_blocking(self, step: Any, out: Any) -> int:
+        """Runs on a worker thread (cffi drops the GIL during the call): waits up to
+        POLL_MS for events. The batch is read afterwards on the trio thread, which is
+        ordered before the next pull by trio's thread hand-off."""
+        return int(self._lib.oam_step_pull(step, POLL_MS, out))
 
     async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
         self._check()
+        ffi, lib = self._ffi, self._lib
+        pull, buffer, unpack = lib.oam_step_pull, ffi.buffer, ffi.unpack
         step = self._start(request)
-        out = self._ffi.new("char **")
+        out = ffi.new("oam_batch **")
         finished = False
         try:
             while True:
-                rc, batch = await trio.to_thread.run_sync(self._next, step, out, abandon_on_cancel=False)
+                rc = pull(step, 0, out)  # never waits
                 if rc == 0:
-                    continue
+                    rc = await trio.to_thread.run_sync(self._pull_blocking, step, out, abandon_on_cancel=False)
+                    if rc == 0:
+                        continue
                 if rc < 0:
                     finished = True
                     raise BridgeError("generation_failed", "native step ended without a done event")
-                for ev in batch:
-                    kind = ev.get("type")
-                    if kind == "text":
-                        yield TextChunk(ev.get("delta", ""))
-                    elif kind == "toolCalls":
+                # Copy the batch out of the library's buffers before the next pull
+                # (they stay valid until then; see "Ownership of batches" in the header).
+                b = out[0]
+                n = b.count
+                text = str(buffer(b.data, b.size), "utf-8")
+                ends = unpack(b.char_ends, n)
+                # Leading text deltas (all of the batch, or all but a final non-text event,
+                # the usual shapes) take the fast loop: one slice and one TextChunk each.
+                m = b.text_count
+                if m != n and (m != n - 1 or b.kinds[n - 1] == EV_TEXT):
+                    m = 0
+                s = 0
+                for e in ends[:m] if m != n else ends:
+                    yield TextChunk(text[s:e])
+                    s = e
+                if m == n:
+                    await trio.lowlevel.checkpoint()  # one per batch: fairness and cancellation
+                    continue
+                for kind, e in zip(unpack(b.kinds + m, n - m), ends[m:]):
+                    payload = text[s:e]
+                    s = e
+                    if kind == EV_TEXT:
+                        yield TextChunk(payload)
+                    elif kind == EV_TOOL_CALLS:
+                        ev = msgspec.json.decode(payload)
                         yield ToolCallsChunk(
                             [ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in ev.get("calls", [])]
                         )
-                    elif kind == "done":
+                    elif kind == EV_DONE:
                         finished = True
+                        ev = msgspec.json.decode(payload)
                         u = ev.get("usage") or {}
                         yield StepDone(
                             Usage(
@@ -236,15 +262,16 @@ class NativeEngine:
                             ev.get("finishReason", "stop"),
                         )
                         return
-                    elif kind == "error":
+                    elif kind == EV_ERROR:
                         finished = True
-                        raise _error_from(ev)
+                        raise _error_from(msgspec.json.decode(payload))
+                await trio.lowlevel.checkpoint()
         finally:
             # Reached on done, error, trio cancellation and aclose() of the generator.
-            # No worker thread is inside oam_step_next here (abandon_on_cancel=False).
+            # No worker thread is inside oam_step_pull here (abandon_on_cancel=False).
             if not finished:
-                self._lib.oam_step_cancel(step)
-            self._lib.oam_step_free(step)
+                lib.oam_step_cancel(step)
+            lib.oam_step_free(step)
 
     def forget(self, npc_id: str) -> None:
         """Drop the NPC's own scripted model, if it has one (a step still running keeps

@@ -1,5 +1,15 @@
 // UNVERIFIED: FoundationModels is not available on Linux, so this file has never been
-// compiled. It follows /work/shared/APPLE_API.md (macOS 26 API); expect fixes on a Mac.
+// compiled. It is written against the 26.x SDK signatures quoted in /work/shared/APPLE_API.md
+// (and the 26.2/26.5 .swiftinterface extracts it cites). Spots marked `UNVERIFIED(n)` are
+// listed in native/README.md ("Apple backend"). macOS-27-only API sits behind
+// `#if OAM_MACOS27_SDK` (pass `-Xswiftc -DOAM_MACOS27_SDK` when building with the 27 SDK)
+// plus `#available(macOS 27.0, *)`.
+//
+// Everything that does not need FoundationModels lives in platform-independent files and is
+// unit-tested on Linux: PlanTranscript (request -> entries / prompt / options), PlanSchema
+// (JSON Schema -> neutral schema tree + warnings), PlanToolCollector (collect tool calls,
+// quiet window, cancellation) and PlanErrorNames (error case-name fallback). This file only
+// maps those neutral forms onto FoundationModels types.
 #if canImport(FoundationModels)
 import Foundation
 import FoundationModels
@@ -8,11 +18,36 @@ import FoundationModels
 final class AppleBackend: Backend, @unchecked Sendable {
     let name = "apple"
     private let model: SystemLanguageModel
-    private let busy = NSLock()      // one request per engine at a time (heap-corruption reports)
-    private var running = false
+    private let guardrails: String
+    private let warmSession: LanguageModelSession?   // kept alive so the prewarm is not dropped
+    private let lock = NSLock()
+    private var openStep: Int?                   // serial of the step that has not ended yet (→ busy)
+    private var serial = 0
+    private var lastTask: Task<Void, Never>?     // the previous step's model task (may be draining)
 
     init(config: JSON) throws {
-        model = SystemLanguageModel.default
+        let g = config["guardrails"]?.string ?? "default"
+        let m: SystemLanguageModel
+        switch g {
+        case "default":
+            m = SystemLanguageModel(useCase: .general, guardrails: .default)
+        case "permissive":
+            // Apple documents that permissive guardrails do not apply to guided (schema) generation.
+            m = SystemLanguageModel(useCase: .general, guardrails: .permissiveContentTransformations)
+        default:
+            throw OamError("invalid_request", "guardrails must be \"default\" or \"permissive\", got \(g)")
+        }
+        model = m
+        guardrails = g
+        // Load the model while the host finishes setting up; the first step's time to first
+        // token drops from ~1-3 s cold to ~0.6 s (research.md §4). `"prewarm": false` opts out.
+        if config["prewarm"]?.bool ?? true, m.isAvailable {
+            let s = LanguageModelSession(model: m)
+            s.prewarm()          // UNVERIFIED(9): prewarm(promptPrefix: nil) on a session never used again
+            warmSession = s
+        } else {
+            warmSession = nil
+        }
     }
 
     private var unavailableReason: String? {
@@ -22,59 +57,206 @@ final class AppleBackend: Backend, @unchecked Sendable {
         }
     }
 
+    private static var supportsToolCallingMode: Bool {
+        #if OAM_MACOS27_SDK
+        if #available(macOS 27.0, iOS 27.0, *) { return true }
+        #endif
+        return false
+    }
+
     func info() -> JSON {
         let reason = unavailableReason
+        var features: [JSON] = [.string("tools"), .string("schema"), .string("transcript")]
+        if AppleBackend.supportsToolCallingMode { features.append(.string("toolCallingMode")) }
         return .object([
             "name": .string("native"), "backend": .string(name), "available": .bool(reason == nil),
             "reason": reason.map { .string($0) } ?? .null, "contextSize": .int(model.contextSize),
-            "features": .array([.string("tools"), .string("schema")]),
+            "features": .array(features), "guardrails": .string(guardrails),
         ])
     }
 
-    // tokenCount(for:) is async and 26.4+; fall back to the estimate. Unverified.
-    func countTokens(_ request: JSON) throws -> Int { estimateRequestTokens(request) }
+    // MARK: token counts
+
+    /// `tokenCount(for:)` is async and 26.4+. oam_count_tokens is called on a host (foreign)
+    /// thread, so waiting on a semaphore here is safe (it never runs on the cooperative pool).
+    /// Falls back to the estimate before 26.4, on any failure, or after 2 s.
+    func countTokens(_ request: JSON) throws -> Int {
+        let estimate = estimateRequestTokens(request)
+        guard #available(macOS 26.4, iOS 26.4, *) else { return estimate }
+        guard model.isAvailable,
+              let plan = try? PlanTranscript.build(request, forCounting: true),
+              let built = try? AppleMapping.session(plan, collector: nil) else { return estimate }
+        let entries = built.entries
+        let box = AppleResultBox()
+        let done = DispatchSemaphore(value: 0)
+        let model = self.model
+        Task.detached {
+            defer { done.signal() }
+            box.set(try? await model.tokenCount(for: entries))   // UNVERIFIED(5)
+        }
+        guard done.wait(timeout: .now() + 2) == .success, let n = box.get() else { return estimate }
+        return n
+    }
+
+    // MARK: steps
 
     func start(_ request: JSON, step: StepState) throws {
         if let r = unavailableReason { throw OamError("model_unavailable", r) }
-        busy.lock()
-        if running { busy.unlock(); throw OamError("busy", "a step is already running on this engine") }
-        running = true
-        busy.unlock()
-        let task = Task.detached { [self] in
-            defer { busy.lock(); running = false; busy.unlock() }
-            do {
-                let session = LanguageModelSession(model: model, tools: [],
-                                                   instructions: request["instructions"]?.string ?? "")
-                // Transcript replay / tool definitions (Transcript(entries:)) and toolCallingMode
-                // (macOS 27 only) are not wired yet: the prompt is the last user message.
-                let prompt = lastUserMessage(request)
-                var opts = GenerationOptions()
-                if let t = request["options"]?["temperature"]?.double { opts.temperature = t }
-                if let m = request["options"]?["maxTokens"]?.int { opts.maximumResponseTokens = m }
-                let text: String
-                if let schema = request["schema"], schema != .null {
-                    let gs = try GenerationSchema(root: try dynamicSchema(schema, name: "Answer"), dependencies: [])
-                    let r = try await session.respond(to: prompt, schema: gs, includeSchemaInPrompt: true, options: opts)
-                    text = r.content.jsonString
-                } else {
-                    text = try await session.respond(to: prompt, options: opts).content
-                }
-                step.push(.object(["type": .string("text"), "delta": .string(text)]))
-                step.finish(.object([
-                    "type": .string("done"), "finishReason": .string("stop"),
-                    "usage": .object(["inputTokens": .int(estimateRequestTokens(request)),
-                                      "outputTokens": .int(estimateTokens(text)), "cachedTokens": .int(0)]),
-                ]))
-            } catch {
-                step.fail(AppleBackend.map(error))
-            }
+        let plan = try PlanTranscript.build(request)           // invalid_request
+
+        var warnings = plan.warnings
+        let schema: GenerationSchema?
+        if let s = plan.schema {
+            let converted = try PlanSchema.convert(s, rootName: "Answer")   // invalid_schema
+            warnings += converted.warnings.map { "schema \($0)" }
+            schema = try AppleMapping.generationSchema(converted)
+        } else {
+            schema = nil
         }
-        step.whenCancelled { task.cancel() }
+        if plan.toolMode == .required && !AppleBackend.supportsToolCallingMode {
+            // The host's steering handles it (it sees no tool call and re-prompts or moves on).
+            warnings.append("toolCallingMode required unsupported before macOS 27")
+        }
+
+        let taskBox = AppleTaskBox()
+        let inputEstimate = estimateRequestTokens(request)
+        let collector = PlanToolCollector(quietMs: 25) { calls in
+            step.push(.object(["type": .string("toolCalls"), "calls": .array(calls.map(\.json))]))
+            step.finish(AppleBackend.doneEvent(reason: "tool_calls", input: inputEstimate,
+                                              output: estimateTokens(JSON.array(calls.map(\.json)).serialized()),
+                                              cached: 0, warnings: taskBox.warnings))
+            taskBox.end()      // the step is over for the host: the next step may start
+            taskBox.cancel()   // stops the model; the suspended Tool.call()s resume with CancellationError
+        }
+        let built = try AppleMapping.session(plan, collector: collector)   // invalid_schema (tool parameters)
+        warnings += built.warnings
+        let options = AppleMapping.options(plan.options, toolMode: plan.toolMode)
+        let stepWarnings = warnings
+        taskBox.warnings = stepWarnings   // set before the task exists: no tool call can fire earlier
+
+        // One step at a time per engine. A step that has ended (done/error/cancelled) may
+        // still have a model task draining; the next step's task waits for it first.
+        lock.lock()
+        if openStep != nil {
+            lock.unlock()
+            throw OamError("busy", "a step is already running on this engine")
+        }
+        serial += 1
+        let mine = serial
+        openStep = mine
+        let previous = lastTask
+        lock.unlock()
+        taskBox.onEnd = { [weak self] in self?.endStep(mine) }
+
+        let model = self.model
+        let task = Task.detached { [weak self] in
+            await previous?.value
+            defer { collector.close() }
+            if Task.isCancelled || step.isCancelled { self?.endStep(mine); return }
+            do {
+                let session = LanguageModelSession(model: model, tools: built.tools,
+                                                   transcript: Transcript(entries: built.entries))
+                let text: String
+                var usage: (input: Int, output: Int, cached: Int)? = nil
+                if let schema {
+                    let r = try await session.respond(to: plan.prompt, schema: schema,
+                                                      includeSchemaInPrompt: true, options: options)
+                    text = r.content.jsonString
+                    usage = AppleBackend.usage(of: r)
+                } else {
+                    let r = try await session.respond(to: plan.prompt, options: options)
+                    text = r.content
+                    usage = AppleBackend.usage(of: r)
+                }
+                collector.close()
+                if collector.hasDelivered { self?.endStep(mine); return }   // tool calls ended the step
+                if !text.isEmpty { step.push(.object(["type": .string("text"), "delta": .string(text)])) }
+                let output = usage?.output ?? estimateTokens(text)
+                var reason = "stop"
+                if let max = plan.options.maximumResponseTokens, usage != nil, output >= max { reason = "length" }
+                step.finish(AppleBackend.doneEvent(reason: reason, input: usage?.input ?? inputEstimate,
+                                                  output: output, cached: usage?.cached ?? 0, warnings: stepWarnings))
+            } catch {
+                collector.close()
+                if !collector.hasDelivered {         // else: the cancellation we caused after tool calls
+                    step.fail(AppleBackend.map(error))
+                }
+            }
+            self?.endStep(mine)
+        }
+        lock.lock()
+        lastTask = task
+        lock.unlock()
+        taskBox.set(task)
+        step.whenCancelled { [weak self] in
+            taskBox.cancel()
+            collector.close()
+            self?.endStep(mine)
+        }
     }
+
+    /// Ends step `mine` (idempotent; a later step's flag is left alone).
+    private func endStep(_ mine: Int) {
+        lock.lock(); if openStep == mine { openStep = nil }; lock.unlock()
+    }
+
+    static func doneEvent(reason: String, input: Int, output: Int, cached: Int, warnings: [String]) -> JSON {
+        var o: [String: JSON] = [
+            "type": .string("done"), "finishReason": .string(reason),
+            "usage": .object(["inputTokens": .int(input), "outputTokens": .int(output), "cachedTokens": .int(cached)]),
+        ]
+        if !warnings.isEmpty { o["warnings"] = .array(warnings.map { .string($0) }) }
+        return .object(o)
+    }
+
+    /// Response.usage exists only in the macOS 27 SDK. UNVERIFIED(7): shape and whether it is
+    /// filled for SystemLanguageModel.
+    static func usage(of r: LanguageModelSession.Response<String>) -> (input: Int, output: Int, cached: Int)? {
+        #if OAM_MACOS27_SDK
+        if #available(macOS 27.0, iOS 27.0, *) {
+            let u = r.usage
+            return (u.input.totalTokenCount, u.output.totalTokenCount, u.input.cachedTokenCount)
+        }
+        #endif
+        return nil
+    }
+
+    static func usage(of r: LanguageModelSession.Response<GeneratedContent>) -> (input: Int, output: Int, cached: Int)? {
+        #if OAM_MACOS27_SDK
+        if #available(macOS 27.0, iOS 27.0, *) {
+            let u = r.usage
+            return (u.input.totalTokenCount, u.output.totalTokenCount, u.input.cachedTokenCount)
+        }
+        #endif
+        return nil
+    }
+
+    // MARK: errors
 
     static func map(_ error: Error) -> OamError {
         if error is CancellationError { return OamError("cancelled", "cancelled") }
         if let e = error as? OamError { return e }
+        #if OAM_MACOS27_SDK
+        if #available(macOS 27.0, iOS 27.0, *) {
+            // UNVERIFIED(8): the Xcode-27 error family; case names from Apple's docs.
+            if let e = error as? LanguageModelError {
+                switch e {
+                case .contextSizeExceeded: return OamError("context_size_exceeded", "\(e)")
+                case .rateLimited: return OamError("rate_limited", "\(e)")
+                case .refusal: return OamError("refusal", "\(e)")
+                case .timeout: return OamError("generation_failed", "timeout: \(e)")
+                case .guardrailViolation: return OamError("guardrail_violation", "\(e)")
+                case .unsupportedCapability: return OamError("invalid_request", "\(e)")
+                case .unsupportedTranscriptContent: return OamError("invalid_request", "\(e)")
+                case .unsupportedGenerationGuide: return OamError("invalid_schema", "\(e)")
+                case .unsupportedLanguageOrLocale: return OamError("unsupported_language", "\(e)")
+                @unknown default: return OamError("generation_failed", "\(e)")
+                }
+            }
+            if error is LanguageModelSession.Error { return OamError("busy", "\(error)") }
+            if error is SystemLanguageModel.Error { return OamError("model_unavailable", "\(error)") }
+        }
+        #endif
         if let e = error as? LanguageModelSession.GenerationError {
             switch e {
             case .exceededContextWindowSize: return OamError("context_size_exceeded", "\(e)")
@@ -89,34 +271,211 @@ final class AppleBackend: Backend, @unchecked Sendable {
             @unknown default: return OamError("generation_failed", "\(e)")
             }
         }
-        if error is LanguageModelSession.ToolCallError { return OamError("tool_failed", "\(error)") }
+        if let e = error as? LanguageModelSession.ToolCallError {
+            if e.underlyingError is CancellationError { return OamError("cancelled", "cancelled") }
+            return OamError("tool_failed", "\(e)")
+        }
         if error is GenerationSchema.SchemaError { return OamError("invalid_schema", "\(error)") }
-        return OamError("generation_failed", "\(error)")
+        // The typed matches can miss when SDK and OS differ (forums 831404): match by name.
+        let text = String(reflecting: error)
+        if let code = PlanErrorNames.code(forDescription: text) { return OamError(code, text) }
+        return OamError("generation_failed", text)
     }
 }
 
-/// JSON Schema subset -> DynamicGenerationSchema (object/array/string/enum/number/integer/boolean).
+// MARK: - mapping the neutral plan onto FoundationModels
+
+/// A host-executed tool: `call` records the call and suspends until the step ends; it never
+/// produces an output (the host runs the tool and sends the output in the next step).
 @available(macOS 26.0, iOS 26.0, *)
-func dynamicSchema(_ s: JSON, name: String) throws -> DynamicGenerationSchema {
-    if let choices = s["enum"]?.array?.compactMap({ $0.string }) {
-        return DynamicGenerationSchema(name: name, anyOf: choices)
+struct AppleHostTool: Tool {
+    typealias Arguments = GeneratedContent
+    typealias Output = String
+    let name: String
+    let description: String
+    let parameters: GenerationSchema
+    let collector: PlanToolCollector?
+
+    func call(arguments: GeneratedContent) async throws -> String {
+        guard let collector else { throw CancellationError() }
+        let json = (try? JSON.parse(arguments.jsonString)) ?? .object([:])
+        try await collector.record(name: name, arguments: json)
     }
-    switch s["type"]?.string ?? "object" {
-    case "object":
-        let required = Set((s["required"]?.array ?? []).compactMap { $0.string })
-        let props = try (s["properties"]?.object ?? [:]).sorted { $0.key < $1.key }.map { key, sub in
-            DynamicGenerationSchema.Property(name: key, description: sub["description"]?.string,
-                                             schema: try dynamicSchema(sub, name: name + "_" + key),
-                                             isOptional: !required.contains(key))
+}
+
+@available(macOS 26.0, iOS 26.0, *)
+enum AppleMapping {
+    struct Built: Sendable {
+        let tools: [any Tool]
+        let entries: [Transcript.Entry]
+        let warnings: [String]
+    }
+
+    /// The session's tools and transcript entries for a plan.
+    static func session(_ plan: PlanTranscript, collector: PlanToolCollector?) throws -> Built {
+        var warnings: [String] = []
+        var tools: [any Tool] = []
+        var definitions: [Transcript.ToolDefinition] = []
+        for t in plan.tools {
+            let converted = try PlanSchema.convert(t.parameters, rootName: t.name)
+            guard case .object = converted.root else {
+                throw OamError("invalid_schema", "parameters of tool \(t.name) must be an object schema")
+            }
+            warnings += converted.warnings.map { "tool \(t.name) \($0)" }
+            let params = try generationSchema(converted)
+            tools.append(AppleHostTool(name: t.name, description: t.description, parameters: params, collector: collector))
+            // UNVERIFIED(2): whether a session created from a transcript also injects its tools'
+            // definitions itself (then these would be duplicates).
+            definitions.append(Transcript.ToolDefinition(name: t.name, description: t.description, parameters: params))
         }
-        return DynamicGenerationSchema(name: name, description: s["description"]?.string, properties: props)
-    case "array":
-        return DynamicGenerationSchema(arrayOf: try dynamicSchema(s["items"] ?? .object([:]), name: name + "_item"))
-    case "string": return DynamicGenerationSchema(type: String.self)
-    case "integer": return DynamicGenerationSchema(type: Int.self)
-    case "number": return DynamicGenerationSchema(type: Double.self)
-    case "boolean": return DynamicGenerationSchema(type: Bool.self)
-    default: throw OamError("invalid_schema", "unsupported JSON Schema type")
+
+        var entries: [Transcript.Entry] = []
+        if !plan.instructions.isEmpty || !definitions.isEmpty {
+            entries.append(.instructions(Transcript.Instructions(
+                id: "instructions", segments: text(plan.instructions, id: "instructions-text"),
+                toolDefinitions: definitions)))
+        }
+        for e in plan.history {
+            switch e {
+            case .prompt(let id, let t):
+                entries.append(.prompt(Transcript.Prompt(id: id, segments: text(t, id: id + "-text"))))
+            case .response(let id, let t):
+                entries.append(.response(Transcript.Response(id: id, assetIDs: [], segments: text(t, id: id + "-text"))))
+            case .toolCalls(let id, let calls):
+                var out: [Transcript.ToolCall] = []
+                for c in calls {
+                    let args: GeneratedContent
+                    do { args = try GeneratedContent(json: c.argumentsJSON) } catch {
+                        throw OamError("invalid_request", "arguments of tool call \(c.id) are not valid JSON: \(error)")
+                    }
+                    out.append(Transcript.ToolCall(id: c.id, toolName: c.name, arguments: args))
+                }
+                entries.append(.toolCalls(Transcript.ToolCalls(id: id, out)))
+            case .toolOutput(let id, let toolName, let t):
+                // id == the ToolCall.id it answers (research.md: a mismatch fails inference).
+                entries.append(.toolOutput(Transcript.ToolOutput(id: id, toolName: toolName,
+                                                                 segments: text(t, id: id + "-output"))))
+            }
+        }
+        return Built(tools: tools, entries: entries, warnings: warnings)
     }
+
+    private static func text(_ s: String, id: String) -> [Transcript.Segment] {
+        [.text(Transcript.TextSegment(id: id, content: s))]
+    }
+
+    static func options(_ o: PlanOptions, toolMode: PlanToolMode) -> GenerationOptions {
+        var opts = GenerationOptions(temperature: o.temperature, maximumResponseTokens: o.maximumResponseTokens)
+        let sampling: GenerationOptions.SamplingMode?
+        switch o.sampling {
+        case .greedy?: sampling = .greedy
+        case .nucleus(let p, let seed)?: sampling = .random(probabilityThreshold: p, seed: seed)
+        case nil: sampling = nil
+        }
+        if let sampling {
+            #if OAM_MACOS27_SDK
+            opts.samplingMode = sampling     // UNVERIFIED(6): the 27 SDK renames `sampling` (back-deployed)
+            #else
+            opts.sampling = sampling
+            #endif
+        }
+        #if OAM_MACOS27_SDK
+        if #available(macOS 27.0, iOS 27.0, *) {
+            // UNVERIFIED(6): GenerationOptions.toolCallingMode (27 only). `.required` applies to
+            // every step of Apple's internal loop, but our tools never return, so the step ends
+            // at the first round of calls.
+            switch toolMode {
+            case .allowed: opts.toolCallingMode = .allowed
+            case .required: opts.toolCallingMode = .required
+            case .disallowed: opts.toolCallingMode = .disallowed
+            }
+        }
+        #endif
+        return opts
+    }
+
+    static func generationSchema(_ s: PlanSchema) throws -> GenerationSchema {
+        do {
+            return try GenerationSchema(root: dynamic(s.root), dependencies: s.dependencies.map(dynamic))
+        } catch {
+            throw OamError("invalid_schema", "\(error)")
+        }
+    }
+
+    static func dynamic(_ n: PlanSchemaNode) -> DynamicGenerationSchema {
+        switch n {
+        case .object(let name, let description, let properties):
+            return DynamicGenerationSchema(name: name, description: description, properties: properties.map {
+                DynamicGenerationSchema.Property(name: $0.name, description: $0.description,
+                                                 schema: dynamic($0.node), isOptional: $0.isOptional)
+            })
+        case .choices(let name, let description, let values):
+            return DynamicGenerationSchema(name: name, description: description, anyOf: values)
+        case .union(let name, let description, let members):
+            return DynamicGenerationSchema(name: name, description: description, anyOf: members.map(dynamic))
+        case .array(let items, let minItems, let maxItems):
+            return DynamicGenerationSchema(arrayOf: dynamic(items), minimumElements: minItems, maximumElements: maxItems)
+        case .string:
+            return DynamicGenerationSchema(type: String.self)
+        case .integer(let lo, let hi):
+            var guides: [GenerationGuide<Int>] = []
+            if let lo, let hi { guides.append(.range(lo...hi)) }
+            else if let lo { guides.append(.minimum(lo)) }
+            else if let hi { guides.append(.maximum(hi)) }
+            return DynamicGenerationSchema(type: Int.self, guides: guides)
+        case .number(let lo, let hi):
+            var guides: [GenerationGuide<Double>] = []
+            if let lo, let hi { guides.append(.range(lo...hi)) }
+            else if let lo { guides.append(.minimum(lo)) }
+            else if let hi { guides.append(.maximum(hi)) }
+            return DynamicGenerationSchema(type: Double.self, guides: guides)
+        case .boolean:
+            return DynamicGenerationSchema(type: Bool.self)
+        case .reference(let name):
+            return DynamicGenerationSchema(referenceTo: name)
+        }
+    }
+}
+
+/// Holds the step's model task so the tool collector (which may fire before the task
+/// handle is stored) and the cancel hook can cancel it.
+final class AppleTaskBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var task: Task<Void, Never>?
+    private var cancelled = false
+    private var _warnings: [String] = []
+    private var _onEnd: (@Sendable () -> Void)?
+    var onEnd: (@Sendable () -> Void)? {
+        get { lock.lock(); defer { lock.unlock() }; return _onEnd }
+        set { lock.lock(); _onEnd = newValue; lock.unlock() }
+    }
+    func end() { onEnd?() }
+    var warnings: [String] {
+        get { lock.lock(); defer { lock.unlock() }; return _warnings }
+        set { lock.lock(); _warnings = newValue; lock.unlock() }
+    }
+
+    func set(_ t: Task<Void, Never>) {
+        lock.lock()
+        task = t
+        let c = cancelled
+        lock.unlock()
+        if c { t.cancel() }
+    }
+
+    func cancel() {
+        lock.lock()
+        cancelled = true
+        let t = task
+        lock.unlock()
+        t?.cancel()
+    }
+}
+
+final class AppleResultBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Int?
+    func set(_ v: Int?) { lock.lock(); value = v; lock.unlock() }
+    func get() -> Int? { lock.lock(); defer { lock.unlock() }; return value }
 }
 #endif

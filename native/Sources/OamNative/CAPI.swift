@@ -1,4 +1,5 @@
 import Foundation
+import COamNative
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -35,20 +36,25 @@ func makeBackend(_ config: JSON) throws -> Backend {
     case "scripted":
         return try ScriptedBackend(config: config)
     case "apple", "auto":
+        // The library's deployment target is macOS 13: AppleBackend (macOS 26+) is only
+        // ever named behind this runtime check, so the library loads on older systems.
         #if canImport(FoundationModels)
         if #available(macOS 26.0, iOS 26.0, *) {
             return try AppleBackend(config: config)
         }
-        #endif
+        if kind == "auto" { return try ScriptedBackend(config: config) }
+        throw OamError("model_unavailable", "FoundationModels needs macOS 26 or later")
+        #else
         if kind == "auto" { return try ScriptedBackend(config: config) }
         throw OamError("model_unavailable", "FoundationModels is not available on this platform")
+        #endif
     default:
         throw OamError("invalid_request", "unknown backend \(kind)")
     }
 }
 
 @_cdecl("oam_abi_version")
-public func oam_abi_version() -> Int32 { 1 }
+public func oam_abi_version() -> Int32 { 2 }
 
 @_cdecl("oam_engine_create")
 public func oam_engine_create(_ config: UnsafePointer<CChar>?, _ err: CStrOut?) -> OpaquePointer? {
@@ -104,14 +110,12 @@ public func oam_step_start(_ engine: OpaquePointer?, _ json: UnsafePointer<CChar
     }
 }
 
-@_cdecl("oam_step_next")
-public func oam_step_next(_ step: OpaquePointer?, _ timeoutMs: Int32, _ event: CStrOut?) -> Int32 {
-    event?.pointee = nil
-    guard let step else { return -1 }
-    let (rc, ev) = stepState(step).next(timeoutMs: Int(timeoutMs))
-    if rc == 1, let ev {
-        if let event { event.pointee = dup(ev) }
-    }
+@_cdecl("oam_step_pull")
+public func oam_step_pull(_ step: OpaquePointer?, _ timeoutMs: Int32,
+                          _ batch: UnsafeMutablePointer<UnsafePointer<oam_batch>?>?) -> Int32 {
+    guard let step else { batch?.pointee = nil; return -1 }
+    let (rc, b) = stepState(step).pull(timeoutMs: Int(timeoutMs))
+    batch?.pointee = b
     return rc
 }
 

@@ -9,13 +9,21 @@ import Foundation
 ///   {"error":"guardrail_violation","message":"..."}
 /// each with optional "delayMs" (a wait before the step) and "chunkMs" (before each chunk); both cancellable.
 /// Each oam_step_start consumes the next script step; with none left, the step echoes
-/// "You said: <last user message>".
+/// "You said: <last user message>" (or answers `{}` when the request has a schema).
+///
+/// Chunking is the Python scripted engine's (`\S+\s*|\s+`): each word keeps the whitespace
+/// that follows it; leading whitespace is a chunk of its own. JSON answers are cut every
+/// 16 Unicode scalars (Python's `body[i:i+16]`).
+///
+/// A step without delayMs/chunkMs is produced inline in `start`: its deltas are cut on
+/// UTF-8 bytes and queued 4096 per lock (no thread, no per-delta allocation); the first
+/// oam_step_pull takes them all. A step with a delay runs on a thread of its own.
 final class ScriptedBackend: Backend, @unchecked Sendable {
     let name = "scripted"
     private let lock = NSLock()
-    private var script: [JSON]
-    private var cursor = 0
-    private var callCounter = 0
+    private var script: [JSON]   // immutable after init
+    private var cursor = 0       // guarded by lock
+    private var callCounter = 0  // guarded by lock
     let contextSize: Int
 
     init(config: JSON) throws {
@@ -57,6 +65,12 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         }
         let (scripted, serial) = nextScriptStep()
         let inputTokens = estimateRequestTokens(request)
+        let delayed = (scripted?["delayMs"]?.int ?? 0) > 0 || (scripted?["chunkMs"]?.int ?? 0) > 0
+        if !delayed {
+            ScriptedBackend.run(scripted, serial: serial, request: request, toolMode: toolMode,
+                                inputTokens: inputTokens, step: step)
+            return
+        }
         let thread = Thread {
             ScriptedBackend.run(scripted, serial: serial, request: request, toolMode: toolMode,
                                 inputTokens: inputTokens, step: step)
@@ -73,22 +87,68 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         ]))
     }
 
-    /// Splits "Hello big world" into ["Hello", " big", " world"] (whitespace kept).
-    static func words(_ text: String) -> [String] {
-        var out: [String] = []
-        var cur = ""
-        var inWord = false
-        for ch in text {
-            if ch.isWhitespace {
-                if inWord { out.append(cur); cur = ""; inWord = false }
-                cur.append(ch)
+    /// Python's str.isspace() (what `\s` matches in a str pattern).
+    @inline(__always)
+    static func isSpace(_ v: UInt32) -> Bool {
+        switch v {
+        case 0x09...0x0D, 0x1C...0x20, 0x85, 0xA0, 0x1680, 0x2000...0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000:
+            return true
+        default:
+            return false
+        }
+    }
+
+    /// Word cuts (end offsets) in UTF-8 bytes: a delta ends where a non-space follows a space,
+    /// and at the end of the text.
+    static func wordCuts(_ b: UnsafeBufferPointer<UInt8>) -> [Int] {
+        var cuts: [Int] = []
+        cuts.reserveCapacity(b.count / 4 + 1)
+        var i = 0
+        var prevSpace = false
+        let n = b.count
+        while i < n {
+            let c = b[i]
+            let v: UInt32, len: Int
+            if c < 0x80 {
+                v = UInt32(c); len = 1
+            } else if c < 0xE0 {
+                v = (UInt32(c & 0x1F) << 6) | UInt32(b[i + 1] & 0x3F); len = 2
+            } else if c < 0xF0 {
+                v = (UInt32(c & 0x0F) << 12) | (UInt32(b[i + 1] & 0x3F) << 6) | UInt32(b[i + 2] & 0x3F); len = 3
             } else {
-                inWord = true
-                cur.append(ch)
+                v = 0x10000; len = 4  // never a space
+            }
+            let space = isSpace(v)
+            if !space && prevSpace && i > 0 { cuts.append(i) }
+            prevSpace = space
+            i += len
+        }
+        if n > 0 { cuts.append(n) }
+        return cuts
+    }
+
+    /// Cuts every `every` Unicode scalars (and at the end).
+    static func scalarCuts(_ b: UnsafeBufferPointer<UInt8>, every: Int) -> [Int] {
+        var cuts: [Int] = []
+        var k = 0
+        for i in 0..<b.count where b[i] & 0xC0 != 0x80 {
+            if k > 0 && k % every == 0 { cuts.append(i) }
+            k += 1
+        }
+        if b.count > 0 { cuts.append(b.count) }
+        return cuts
+    }
+
+    /// Splits "Hello big world" into ["Hello ", "big ", "world"] (the Python engine's chunks).
+    static func words(_ text: String) -> [String] {
+        var text = text
+        return text.withUTF8 { b in
+            var prev = 0
+            return wordCuts(b).map { c in
+                defer { prev = c }
+                return String(decoding: UnsafeBufferPointer(rebasing: b[prev..<c]), as: UTF8.self)
             }
         }
-        if !cur.isEmpty { out.append(cur) }
-        return out
     }
 
     private static func run(_ scripted: JSON?, serial: Int, request: JSON, toolMode: String,
@@ -98,7 +158,11 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         func wait() -> Bool { delay <= 0 ? !step.isCancelled : step.sleep(ms: delay) }
 
         guard let s = scripted else {
-            streamText("You said: " + lastUserMessage(request), delay: 0, input: inputTokens, step: step)
+            if let schema = request["schema"], schema != .null {
+                stream("{}", cutter: { scalarCuts($0, every: 16) }, delay: 0, input: inputTokens, step: step)
+            } else {
+                stream("You said: " + lastUserMessage(request), cutter: wordCuts, delay: 0, input: inputTokens, step: step)
+            }
             return
         }
         guard wait() else { return }
@@ -122,34 +186,46 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
                                     "arguments": c["arguments"] ?? .object([:])]))
             }
             if let pre = s["text"]?.string, !pre.isEmpty {  // a preamble before the calls
-                for p in words(pre) { step.push(.object(["type": .string("text"), "delta": .string(p)])) }
+                for p in words(pre) { step.pushText(p) }
             }
             step.push(.object(["type": .string("toolCalls"), "calls": .array(out)]))
             done(step, input: inputTokens, output: estimateTokens(JSON.array(out).serialized()), reason: "tool_calls")
             return
         }
         if let j = s["json"] {
-            // 16-character chunks, as the Python scripted engine streams JSON
-            let chars = Array(j.serialized())
-            var parts: [String] = []
-            var i = 0
-            while i < chars.count { parts.append(String(chars[i..<min(i + 16, chars.count)])); i += 16 }
-            streamParts(parts, delay: chunkDelay, input: inputTokens, step: step)
+            stream(j.serialized(), cutter: { scalarCuts($0, every: 16) }, delay: chunkDelay, input: inputTokens, step: step)
             return
         }
-        streamText(s["text"]?.string ?? "", delay: chunkDelay, input: inputTokens, step: step)
+        stream(s["text"]?.string ?? "", cutter: wordCuts, delay: chunkDelay, input: inputTokens, step: step)
     }
 
-    private static func streamText(_ text: String, delay: Int, input: Int, step: StepState) {
-        streamParts(words(text), delay: delay, input: input, step: step)
-    }
-
-    private static func streamParts(_ parts: [String], delay: Int, input: Int, step: StepState) {
-        for p in parts {
-            if delay > 0 { guard step.sleep(ms: delay) else { return } }
-            else if step.isCancelled { return }
-            step.push(.object(["type": .string("text"), "delta": .string(p)]))
+    /// Streams `text` cut by `cutter`: without a delay, 4096 deltas per lock (bytes copied
+    /// straight into the step's batch buffers), else one delta per `delay` ms.
+    private static func stream(_ text: String, cutter: (UnsafeBufferPointer<UInt8>) -> [Int], delay: Int,
+                               input: Int, step: StepState) {
+        var text = text
+        let parts: Int? = text.withUTF8 { b in
+            let cuts = cutter(b)
+            if delay <= 0 {
+                // In slices, so the step's lock is never held for long.
+                var k = 0, prev = 0
+                while k < cuts.count {
+                    if step.isCancelled { return nil }
+                    let m = min(k + 4096, cuts.count)
+                    step.pushTexts(b, cuts: cuts[k..<m], from: prev)
+                    prev = cuts[m - 1]
+                    k = m
+                }
+                return cuts.count
+            }
+            var prev = 0
+            for (k, c) in cuts.enumerated() {
+                guard step.sleep(ms: delay) else { return nil }
+                step.pushTexts(b, cuts: cuts[k...k], from: prev)
+                prev = c
+            }
+            return cuts.count
         }
-        done(step, input: input, output: parts.count, reason: "stop")
+        if let parts { done(step, input: input, output: parts, reason: "stop") }
     }
 }

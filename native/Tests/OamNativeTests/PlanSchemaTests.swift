@@ -1,0 +1,120 @@
+import XCTest
+@testable import OamNative
+
+final class PlanSchemaTests: XCTestCase {
+    func conv(_ s: String, _ name: String = "Answer") throws -> PlanSchema { try PlanSchema.convert(try JSON.parse(s), rootName: name) }
+
+    func testObjectPropertyOrderFollowsRequiredThenAlphabetical() throws {
+        let s = try conv("""
+        {"type":"object","properties":{"choice":{"type":"string"},"reasoning":{"type":"string"},"aside":{"type":"string"}},
+         "required":["reasoning","choice"]}
+        """)
+        guard case .object(let name, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(name, "Answer")
+        XCTAssertEqual(props.map(\.name), ["reasoning", "choice", "aside"])
+        XCTAssertEqual(props.map(\.isOptional), [false, false, true])
+    }
+
+    func testExplicitOrderList() throws {
+        let s = try conv(#"{"type":"object","x-order":["z","a"],"properties":{"a":{"type":"string"},"z":{"type":"string"},"m":{"type":"boolean"}}}"#)
+        guard case .object(_, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(props.map(\.name), ["z", "a", "m"])
+    }
+
+    func testEnumBecomesChoicesAndRangesBecomeGuides() throws {
+        let s = try conv("""
+        {"type":"object","required":["mood","hp","ratio","items"],"properties":{
+          "mood":{"type":"string","enum":["calm","angry"],"description":"NPC mood"},
+          "hp":{"type":"integer","minimum":0,"exclusiveMaximum":101},
+          "ratio":{"type":"number","maximum":1.5},
+          "items":{"type":"array","items":{"type":"string"},"minItems":1,"maxItems":3}}}
+        """)
+        guard case .object(_, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(props[0].node, .choices(name: "Answer_mood", description: "NPC mood", values: ["calm", "angry"]))
+        XCTAssertEqual(props[0].description, "NPC mood")
+        XCTAssertEqual(props[1].node, .integer(minimum: 0, maximum: 100))
+        XCTAssertEqual(props[2].node, .number(minimum: nil, maximum: 1.5))
+        XCTAssertEqual(props[3].node, .array(items: .string, minItems: 1, maxItems: 3))
+        XCTAssertEqual(s.warnings, [])
+    }
+
+    func testUnenforceableConstraintsBecomeWarningsAndDescriptions() throws {
+        let s = try conv("""
+        {"type":"object","required":["code"],"properties":{"code":{"type":"string","description":"Door code","pattern":"^[0-9]{4}$","minLength":4},
+          "tags":{"type":"array","uniqueItems":true,"items":{"type":"string","format":"email"}}}}
+        """)
+        guard case .object(_, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(props[0].node, .string)
+        XCTAssertEqual(props[0].description, "Door code; pattern: ^[0-9]{4}$; minLength: 4")
+        XCTAssertTrue(props[1].description?.contains("each item: format: email") ?? false, props[1].description ?? "nil")
+        XCTAssertTrue(props[1].description?.contains("uniqueItems") ?? false)
+        XCTAssertEqual(s.warnings.count, 4, "\(s.warnings)")
+        XCTAssertTrue(s.warnings.contains { $0.hasPrefix("$.code:") && $0.contains("pattern") })
+    }
+
+    func testRefsAndRecursion() throws {
+        let s = try conv("""
+        {"type":"object","required":["root"],"properties":{"root":{"$ref":"#/$defs/Node"},"id":{"$ref":"#/$defs/Id"}},
+         "$defs":{"Node":{"type":"object","required":["label"],"properties":{"label":{"type":"string"},
+                  "children":{"type":"array","items":{"$ref":"#/$defs/Node"}}}},
+                  "Id":{"type":"integer","minimum":1}}}
+        """)
+        guard case .object(_, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(props[0].node, .reference("Node"))
+        XCTAssertEqual(props[1].node, .integer(minimum: 1, maximum: nil))   // primitive defs are inlined
+        XCTAssertEqual(s.dependencies.count, 1)
+        guard case .object(let n, _, let nodeProps) = s.dependencies[0] else { return XCTFail() }
+        XCTAssertEqual(n, "Node")
+        XCTAssertEqual(nodeProps[1].node, .array(items: .reference("Node"), minItems: nil, maxItems: nil))
+    }
+
+    func testUnionsNullableAndLiterals() throws {
+        let s = try conv("""
+        {"type":"object","required":["a","b","c","d"],"properties":{
+          "a":{"anyOf":[{"const":"yes"},{"const":"no"}]},
+          "b":{"type":["string","null"]},
+          "c":{"oneOf":[{"type":"object","properties":{"x":{"type":"integer"}}},{"type":"object","properties":{"y":{"type":"boolean"}}}]},
+          "d":{"enum":[1,2,null]}}}
+        """)
+        guard case .object(_, _, let props) = s.root else { return XCTFail() }
+        XCTAssertEqual(props[0].node, .choices(name: "Answer_a", description: nil, values: ["yes", "no"]))
+        XCTAssertEqual(props[1].node, .string)
+        XCTAssertTrue(props[1].isOptional)                       // nullable -> optional
+        guard case .union(_, _, let members) = props[2].node else { return XCTFail("\(props[2].node)") }
+        XCTAssertEqual(members.count, 2)
+        XCTAssertEqual(props[3].node, .choices(name: "Answer_d", description: "may be null", values: ["1", "2"]))
+        XCTAssertTrue(props[3].isOptional)
+        XCTAssertTrue(s.warnings.contains { $0.contains("non-string enum") })
+    }
+
+    func testNamesAreUnique() throws {
+        let s = try conv(#"{"type":"object","properties":{"a":{"type":"object","properties":{"b":{"enum":["x"]}}},"a_b":{"enum":["y"]}}}"#)
+        var names: [String] = []
+        func walk(_ n: PlanSchemaNode) {
+            if let t = n.typeName { names.append(t) }
+            switch n {
+            case .object(_, _, let p): p.forEach { walk($0.node) }
+            case .union(_, _, let m): m.forEach(walk)
+            case .array(let i, _, _): walk(i)
+            default: break
+            }
+        }
+        walk(s.root)
+        XCTAssertEqual(Set(names).count, names.count, "\(names)")
+    }
+
+    func testInvalidSchemas() {
+        for bad in [
+            #"{"type":"null"}"#, ##"{"type":"object","properties":{"a":{"$ref":"#/$defs/Missing"}}}"##,
+            #"{"$ref":"https://example.com/s.json"}"#, #"{"type":"integer","minimum":5,"maximum":1}"#,
+            #"{"type":"array","items":[{"type":"string"}]}"#, #"{"type":"frob"}"#, #"[1]"#,
+        ] {
+            XCTAssertThrowsError(try conv(bad)) { e in XCTAssertEqual((e as? OamError)?.code, "invalid_schema", bad) }
+        }
+    }
+
+    func testToolParametersUseTheToolName() throws {
+        let s = try conv(#"{"type":"object","properties":{"city":{"type":"string"}}}"#, "get weather")
+        XCTAssertEqual(s.root.typeName, "get_weather")
+    }
+}
