@@ -13,7 +13,7 @@ run() { # run NAME CMD [ARGS...]
     echo "== $name"
     if "$@"; then echo "PASS $name"; else echo "FAIL $name"; STATUS=1; fi
 }
-absent() { echo "SKIP $1: client not written yet"; }  # not a toolchain problem: never fails CI
+absent() { skip "$1" "client missing from engine_clients/$1"; }
 
 # shell client: bash + jq
 if ! command -v jq >/dev/null; then skip shell "jq not found (apt-get install -y jq)"
@@ -26,11 +26,19 @@ elif ! echo '#include <nlohmann/json.hpp>' | g++ -std=c++17 -x c++ -fsyntax-only
     skip unreal "nlohmann/json headers not found (apt-get install -y nlohmann-json3-dev)"
 else run unreal "$HERE/unreal/run_tests.sh"; fi
 
-# godot: only a static check with gdtoolkit when the addon exists
+# unity core: mono-mcs + libnewtonsoft-json-cil-dev
+if [ ! -x "$HERE/unity/run_tests.sh" ]; then absent unity
+elif ! command -v mcs >/dev/null || ! command -v mono >/dev/null; then skip unity "mcs/mono not found (apt-get install -y mono-mcs)"
+elif ! ls /usr/lib/cli/Newtonsoft.Json*/Newtonsoft.Json.dll >/dev/null 2>&1; then
+    skip unity "Newtonsoft.Json not found (apt-get install -y libnewtonsoft-json-cil-dev)"
+else run unity "$HERE/unity/run_tests.sh"; fi
+
+# godot: static check (gdtoolkit) + protocol replay against the real bridge
 if [ -d "$HERE/godot/addons/oam_bridge" ]; then
-    GDP=$(command -v gdparse || echo "$HERE/../.venv/bin/gdparse")
-    if [ -x "$GDP" ]; then run godot-parse sh -c "'$GDP' '$HERE'/godot/addons/oam_bridge/*.gd"
-    else skip godot "gdtoolkit not installed (pip install gdtoolkit)"; fi
+    GDBIN=${GDTOOLKIT_BIN:-$HERE/../.venv/bin}
+    if [ -x "$GDBIN/gdparse" ] || command -v gdparse >/dev/null; then run godot-static "$HERE/godot/check.sh"
+    else skip godot-static "gdtoolkit not installed (pip install 'gdtoolkit>=4,<5')"; fi
+    run godot-replay "$HERE/../.venv/bin/python" "$HERE/godot/tests/replay_test.py"
 else absent godot; fi
 
 exit $STATUS

@@ -1,0 +1,311 @@
+class_name OamProtocol
+extends RefCounted
+## Pure protocol logic for oam-bridge (protocol.md, version 1): JSON-RPC 2.0, one message
+## per line. No I/O, no nodes, no signals, no state: every function maps values to values,
+## so this file can be reviewed against protocol.md on its own.
+## tests/replay_test.py ports each function here line for line and replays the shared
+## scenario against the real bridge with the lines these functions build.
+
+const PROTOCOL_VERSION := 1
+
+## Client-side error code: the bridge is not running, or exited before it answered.
+const BRIDGE_CLOSED := "bridge_closed"
+
+## Key of the marker Dictionary a tool handler returns to report an error (see tool_error).
+const TOOL_ERROR_KEY := "__oam_tool_error__"
+
+## string code -> [JSON-RPC code, retryable]. Mirrors bridge/errors.py and protocol.md.
+const ERROR_CODES := {
+	"model_unavailable": [-31001, false],
+	"guardrail_violation": [-31002, false],
+	"refusal": [-31003, false],
+	"context_size_exceeded": [-31004, false],
+	"rate_limited": [-31005, true],
+	"unsupported_language": [-31006, false],
+	"invalid_schema": [-31007, false],
+	"tool_failed": [-31008, false],
+	"cancelled": [-31009, false],
+	"busy": [-31010, true],
+	"invalid_request": [-31011, false],
+	"generation_failed": [-31012, true],
+	"unknown_npc": [-31020, false],
+	"unknown_tool_call": [-31021, false],
+	"not_initialized": [-31022, false],
+	"overloaded": [-31023, true],
+	"message_too_large": [-31024, false],
+	"npc_exists": [-31025, false],
+	"shutting_down": [-31026, false],
+	"parse_error": [-32700, false],
+	"invalid_message": [-32600, false],
+	"method_not_found": [-32601, false],
+	"invalid_params": [-32602, false],
+	"internal_error": [-32603, false],
+}
+
+## Every event method -> the OamBridgeClient signal it is emitted as.
+const EVENT_SIGNALS := {
+	"turn/started": "turn_started",
+	"turn/textDelta": "text_delta",
+	"turn/partialJson": "partial_json",
+	"turn/toolCallRequested": "tool_call_requested",
+	"turn/toolCallCompleted": "tool_call_completed",
+	"turn/toolCallWithdrawn": "tool_call_withdrawn",
+	"turn/contextTrimmed": "context_trimmed",
+	"turn/completed": "turn_completed",
+	"turn/failed": "turn_failed",
+}
+
+const TERMINAL_EVENTS := ["turn/completed", "turn/failed"]
+
+# --- outgoing lines ---------------------------------------------------------------------
+
+
+## A request line (no trailing newline). An empty params Dictionary is sent as {}.
+static func build_request(id: int, method: String, params: Dictionary = {}) -> String:
+	return encode({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+
+
+## A notification line (no id, so the bridge never answers it), e.g. "exit".
+static func build_notification(method: String, params: Dictionary = {}) -> String:
+	return encode({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+## Compact JSON, keys in insertion order (a schema's property order matters to the bridge).
+static func encode(message: Dictionary) -> String:
+	return JSON.stringify(normalize_numbers(message), "", false)
+
+
+## Godot's JSON parser turns every number into a float, and the bridge's integer fields
+## (a save's "version", "maxToolRounds", ...) reject 1.0. So whole floats become ints
+## before sending: a save from npc/transcript can be passed back to npc/restore as it is.
+static func normalize_numbers(value: Variant) -> Variant:
+	var kind := typeof(value)
+	if kind == TYPE_FLOAT:
+		var number: float = value
+		if is_finite(number) and number == floorf(number) and absf(number) < 9.0e15:
+			return int(number)
+		return number
+	if kind == TYPE_DICTIONARY:
+		var source: Dictionary = value
+		var out := {}
+		for key: Variant in source:
+			out[str(key)] = normalize_numbers(source[key])
+		return out
+	if kind == TYPE_ARRAY or (kind >= TYPE_PACKED_BYTE_ARRAY and kind <= TYPE_PACKED_STRING_ARRAY):
+		var items := []
+		for item: Variant in value:
+			items.append(normalize_numbers(item))
+		return items
+	return value
+
+
+# --- params of each method (field names exactly as in protocol.md) -----------------------
+
+
+static func initialize_params(client_name: String, client_version: String) -> Dictionary:
+	return {
+		"protocolVersion": PROTOCOL_VERSION,
+		"clientInfo": {"name": client_name, "version": client_version},
+	}
+
+
+## config: any of instructions, persona, tools, engine, options, script (protocol names).
+static func create_params(npc_id: String, config: Dictionary) -> Dictionary:
+	var params := config.duplicate(true)
+	params["npcId"] = npc_id
+	return params
+
+
+## options: any of toolChoice, maxToolRounds, maxToolCalls, schema, toolTimeoutMs, fullText.
+static func respond_params(npc_id: String, prompt: String, options: Dictionary) -> Dictionary:
+	var params := options.duplicate(true)
+	params["npcId"] = npc_id
+	params["prompt"] = prompt
+	return params
+
+
+static func submit_output_params(npc_id: String, call_id: String, output: Variant) -> Dictionary:
+	return {"npcId": npc_id, "callId": call_id, "output": output}
+
+
+static func submit_error_params(npc_id: String, call_id: String, message: String) -> Dictionary:
+	return {"npcId": npc_id, "callId": call_id, "error": message}
+
+
+## For npc/cancel, npc/transcript, npc/reset, npc/delete.
+static func npc_params(npc_id: String) -> Dictionary:
+	return {"npcId": npc_id}
+
+
+## npc_id "" restores under the id the save carries.
+static func restore_params(save: Dictionary, npc_id: String) -> Dictionary:
+	var params := {"save": save}
+	if not npc_id.is_empty():
+		params["npcId"] = npc_id
+	return params
+
+
+## npc_id and engine are optional ("" leaves them out).
+static func count_tokens_params(text: String, npc_id: String, engine: String) -> Dictionary:
+	var params := {"text": text}
+	if not npc_id.is_empty():
+		params["npcId"] = npc_id
+	if not engine.is_empty():
+		params["engine"] = engine
+	return params
+
+
+## A tool definition for npc/create's "tools" (parameters: a JSON Schema object).
+static func tool_spec(name: String, description: String, parameters: Dictionary) -> Dictionary:
+	return {"name": name, "description": description, "parameters": parameters}
+
+
+# --- incoming lines ---------------------------------------------------------------------
+
+
+## Classifies one stdout line. The result's "kind" is one of
+##   "empty"    a blank line (ignored);
+##   "invalid"  not JSON, or not a response or notification ("reason", "line");
+##   "response" "id" (int; -1 when the bridge could not tell, e.g. parse_error),
+##              "result", and "error" ({} on success, else an error Dictionary below);
+##   "event"    "method", "params" (Dictionary).
+static func parse_line(line: String) -> Dictionary:
+	var text := line.strip_edges()
+	if text.is_empty():
+		return {"kind": "empty"}
+	var json := JSON.new()
+	if json.parse(text) != OK:
+		return {"kind": "invalid", "reason": json.get_error_message(), "line": text}
+	if typeof(json.data) != TYPE_DICTIONARY:
+		return {"kind": "invalid", "reason": "not a JSON object", "line": text}
+	var message: Dictionary = json.data
+	var out := {"kind": "invalid", "reason": "neither a response nor a notification", "line": text}
+	if message.has("method") and not message.has("id"):
+		var params: Variant = message.get("params")
+		if typeof(params) != TYPE_DICTIONARY:
+			params = {}
+		out = {"kind": "event", "method": str(message["method"]), "params": params}
+	elif message.has("id") and (message.has("result") or message.has("error")):
+		var id := -1
+		if typeof(message["id"]) == TYPE_INT or typeof(message["id"]) == TYPE_FLOAT:
+			id = int(message["id"])
+		var error := {}
+		if typeof(message.get("error")) == TYPE_DICTIONARY:
+			error = error_from_rpc(message["error"])
+		out = {"kind": "response", "id": id, "result": message.get("result"), "error": error}
+	return out
+
+
+# --- errors: always {code, rpc_code, message, retryable, data} ---------------------------
+
+
+## From a JSON-RPC error object: {"code": -31020, "message": ..., "data": {"code": ...}}.
+static func error_from_rpc(rpc_error: Dictionary) -> Dictionary:
+	var rpc_code := int(rpc_error.get("code", 0))
+	var data: Dictionary = {}
+	if typeof(rpc_error.get("data")) == TYPE_DICTIONARY:
+		data = rpc_error["data"]
+	var code := str(data.get("code", code_for_rpc(rpc_code)))
+	return {
+		"code": code,
+		"rpc_code": rpc_code,
+		"message": str(rpc_error.get("message", "")),
+		"retryable": bool(data.get("retryable", is_retryable(code))),
+		"data": data,
+	}
+
+
+## From a turn/failed event's "error": {"code": "cancelled", "message": ..., "retryable": ...}.
+static func error_from_event(event_error: Dictionary) -> Dictionary:
+	var code := str(event_error.get("code", "internal_error"))
+	return {
+		"code": code,
+		"rpc_code": rpc_code_for(code),
+		"message": str(event_error.get("message", "")),
+		"retryable": bool(event_error.get("retryable", is_retryable(code))),
+		"data": {},
+	}
+
+
+## An error made on this side (rpc_code 0), e.g. BRIDGE_CLOSED.
+static func client_error(code: String, message: String) -> Dictionary:
+	return {"code": code, "rpc_code": 0, "message": message, "retryable": false, "data": {}}
+
+
+static func rpc_code_for(code: String) -> int:
+	if ERROR_CODES.has(code):
+		return ERROR_CODES[code][0]
+	return 0
+
+
+static func code_for_rpc(rpc_code: int) -> String:
+	for code: String in ERROR_CODES:
+		if ERROR_CODES[code][0] == rpc_code:
+			return code
+	return "internal_error"
+
+
+static func is_retryable(code: String) -> bool:
+	if ERROR_CODES.has(code):
+		return ERROR_CODES[code][1]
+	return false
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+## The OamBridgeClient signal name and its arguments for one event; ["", []] if unknown.
+## Every signal starts with (npc_id, turn_id); see oam_bridge.gd for the rest.
+static func event_signal(method: String, params: Dictionary) -> Array:
+	var npc_id := str(params.get("npcId", ""))
+	var turn_id := str(params.get("turnId", ""))
+	var call_id := str(params.get("callId", ""))
+	var name := str(params.get("name", ""))
+	var args: Array = [npc_id, turn_id]
+	match method:
+		"turn/started":
+			args.append(str(params.get("prompt", "")))
+		"turn/textDelta":
+			args.append_array(
+				[
+					str(params.get("delta", "")),
+					text_or_empty(params.get("text")),
+					bool(params.get("isReset", false))
+				]
+			)
+		"turn/partialJson":
+			args.append_array([str(params.get("delta", "")), text_or_empty(params.get("json"))])
+		"turn/toolCallRequested":
+			args.append_array([call_id, name, dict_or_empty(params.get("arguments"))])
+		"turn/toolCallCompleted":
+			args.append_array(
+				[call_id, name, params.get("output"), text_or_empty(params.get("error"))]
+			)
+		"turn/toolCallWithdrawn":
+			args.append_array([call_id, name, str(params.get("reason", ""))])
+		"turn/contextTrimmed", "turn/completed":
+			args.append(params)
+		"turn/failed":
+			args.append(error_from_event(dict_or_empty(params.get("error"))))
+	return [EVENT_SIGNALS.get(method, ""), args]
+
+
+static func is_terminal(method: String) -> bool:
+	return method in TERMINAL_EVENTS
+
+
+## What a tool handler returns to answer with npc/submit's "error" instead of "output".
+static func tool_error(message: String) -> Dictionary:
+	return {TOOL_ERROR_KEY: message}
+
+
+static func is_tool_error(value: Variant) -> bool:
+	return typeof(value) == TYPE_DICTIONARY and (value as Dictionary).has(TOOL_ERROR_KEY)
+
+
+static func text_or_empty(value: Variant) -> String:
+	return "" if value == null else str(value)
+
+
+static func dict_or_empty(value: Variant) -> Dictionary:
+	return value if typeof(value) == TYPE_DICTIONARY else {}
