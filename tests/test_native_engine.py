@@ -309,3 +309,20 @@ async def test_live_apple_backend():
     chunks = await collect(e, req("Say hello in one word.", mode="disallowed", tools=[]))
     assert isinstance(chunks[-1], StepDone)
     assert "".join(c.delta for c in chunks if isinstance(c, TextChunk)).strip()
+
+
+def test_schema_property_order_crosses_the_abi_as_x_order():
+    # The library's JSON objects are unordered; the order the model generates in must not be.
+    import json
+
+    from bridge.engines.base import GenerationOptions, Message, StepRequest, ToolSpec
+    from bridge.engines.native import _request_json
+
+    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"type": "object", "properties": {"z": {}, "a": {}}}}}
+    tool = ToolSpec("t", "", {"type": "object", "properties": {"b": {}, "a": {}}})
+    req = StepRequest("n", "", [Message("user", "x")], [tool], "allowed", schema, GenerationOptions(), 0)
+    out = json.loads(_request_json(req))
+    assert out["schema"]["x-order"] == ["reasoning", "choice"]
+    assert out["schema"]["properties"]["choice"]["x-order"] == ["z", "a"]
+    assert out["tools"][0]["parameters"]["x-order"] == ["b", "a"]
+    assert "x-order" not in schema, "the caller's schema is not modified"

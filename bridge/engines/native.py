@@ -119,15 +119,30 @@ def _error_from(payload: dict[str, Any] | None, default: str = "generation_faile
 _enc = msgspec.json.Encoder()
 
 
+def _with_property_order(schema: Any) -> Any:
+    """``schema`` with an ``x-order`` list beside every ``properties``: the library's JSON
+    objects are unordered, and the model generates properties in the order it is given."""
+    if isinstance(schema, list):
+        return [_with_property_order(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _with_property_order(v) for k, v in schema.items()}
+    props = schema.get("properties")
+    if isinstance(props, dict) and "x-order" not in schema:
+        out["x-order"] = list(props)
+    return out
+
+
 def _request_json(request: StepRequest) -> bytes:
+    tools = request.tools if request.tool_mode != "disallowed" else []
     return _enc.encode(
         {
             "npcId": request.npc_id,
             "instructions": request.instructions,
             "messages": request.messages,
-            "tools": request.tools if request.tool_mode != "disallowed" else [],
+            "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in tools],
             "toolMode": request.tool_mode,
-            "schema": request.schema,
+            "schema": _with_property_order(request.schema),
             "options": request.options,
             "stepIndex": request.step_index,
         }

@@ -9,6 +9,8 @@ import Foundation
 // of "properties" in the host's JSON text is lost before it reaches this code. The order used
 // is: an explicit order list ("x-order", "propertyOrdering" or "propertyOrder" array) when
 // present, then the order of the "required" array, then the remaining keys alphabetically.
+// The Python host (bridge/engines/native.py) adds "x-order" to every object schema it sends,
+// so the order of the game's schema is the order the model generates in.
 
 indirect enum PlanSchemaNode: Sendable, Equatable {
     /// DynamicGenerationSchema(name:description:properties:)
