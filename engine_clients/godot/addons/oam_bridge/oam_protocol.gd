@@ -75,9 +75,9 @@ static func encode(message: Dictionary) -> String:
 	return JSON.stringify(normalize_numbers(message), "", false)
 
 
-## Godot's JSON parser turns every number into a float, and the bridge's integer fields
-## (a save's "version", "maxToolRounds", ...) reject 1.0. So whole floats become ints
-## before sending: a save from npc/transcript can be passed back to npc/restore as it is.
+## Godot's JSON parser turns every number into a float. The bridge accepts a whole float
+## where it wants an integer (a save's "version", "maxToolRounds", ...), but the lines we
+## send stay exact: whole floats become ints, so a save goes back to npc/restore as it came.
 static func normalize_numbers(value: Variant) -> Variant:
 	var kind := typeof(value)
 	if kind == TYPE_FLOAT:
