@@ -83,8 +83,12 @@ def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
     return out
 
 
-def round_trip_section(n: int, label: str) -> None:
+def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> None:
+    """``client_cpu``: peers start with this process's affinity, then it moves to that core."""
     echo, techo, b, b0 = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge(), bridge("--poll-us", "0")
+    saved = os.sched_getaffinity(0)
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})
     e: list[float] = []
     te: list[float] = []
     r: list[float] = []
@@ -103,6 +107,7 @@ def round_trip_section(n: int, label: str) -> None:
     print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x; without polling {pct(r0, .5) / pct(e, .5):.2f}x")
     for peer in (echo, techo, b, b0):
         peer.close()
+    os.sched_setaffinity(0, saved)
 
 
 def bridge(*extra: str) -> Peer:
@@ -116,13 +121,21 @@ def main() -> None:
     n = 500 if quick else 3000
 
     # Pinned: client and server share one core, so every peer pays the same wake-up and the
-    # ratio compares the work done per request. Unpinned: as the OS places them, where a
-    # cross-core wake-up (tens of microseconds here) can hit one peer and not another.
+    # ratio compares the work done per request. Unpinned: as the OS places them: the kernel
+    # keeps a blocking-read echo on the client's core, while a process that sleeps in epoll
+    # (trio, the bridge) may be woken on the other one. Cross-core: each peer on another core
+    # than the client, so every reply wakes the client across cores (tens of microseconds on
+    # this VM), the case of a game whose threads run elsewhere.
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})
     round_trip_section(n, "client and server pinned to one core")
     os.sched_setaffinity(0, cpus)
     round_trip_section(n, "unpinned")
+    if len(cpus) > 1:  # every peer on another core than the client: each reply a cross-core wake
+        a, b_cpu = sorted(cpus)[:2]
+        os.sched_setaffinity(0, {b_cpu})
+        round_trip_section(n, f"client on core {a}, server on core {b_cpu}", client_cpu=a)
+        os.sched_setaffinity(0, cpus)
     if "--round-trip" in sys.argv:
         return
     b = bridge()
