@@ -328,12 +328,14 @@ class Server:
     # ---- I/O ----
 
     async def _notify(self, method: str, params: m._Event) -> None:
-        await self._emit_line(_encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n")
+        # Events always go through the writer: the events of one scheduler pass (many NPCs
+        # streaming at once) then leave in one write, not one system call each.
+        await self._emit_line(_encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n", direct=False)
 
-    async def _emit_line(self, line: bytes) -> None:
+    async def _emit_line(self, line: bytes, direct: bool = True) -> None:
         """Queue one outbound line; waits only when the writer is ``max_outbound_lines``
         behind (a slow reader slows the turns down instead of growing memory)."""
-        if self._direct_fd is not None and self._writer_idle and not self._out_send.statistics().current_buffer_used:
+        if direct and self._direct_fd is not None and self._writer_idle and not self._out_send.statistics().current_buffer_used:
             # Fast path: nothing is queued and the writer is parked, so writing here keeps
             # the order and saves a task switch. A short write queues the rest.
             try:
