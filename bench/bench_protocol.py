@@ -160,6 +160,8 @@ def main() -> None:
     for i in range(200):
         b.send({"jsonrpc": "2.0", "id": f"r{i}", "method": "npc/respond", "params": {"npcId": f"crowd{i}", "prompt": "hi"}})
     lat = []
+    streamed = 0
+    t_start = time.perf_counter()
     for k in range(300 if quick else 1000):
         t = time.perf_counter()
         b.send({"jsonrpc": "2.0", "id": f"p{k}", "method": "npc/list", "params": {}})
@@ -167,10 +169,13 @@ def main() -> None:
             line = b.line()
             if line.startswith(b'{"jsonrpc":"2.0","id":"p%d"' % k):
                 break
+            streamed += line.startswith(b'{"jsonrpc":"2.0","method":"turn/textDelta"')
         lat.append((time.perf_counter() - t) * 1e3)
+    rate = streamed / (time.perf_counter() - t_start)
     busy = b.call("npc/list")["result"]
     running = sum(1 for x in busy["npcs"] if x["busy"])
-    print(f"200 NPCs with turns running ({running} still busy at the end): trivial request p50 {pct(lat, .5):.2f} ms  p99 {pct(lat, .99):.2f} ms  (target p99 < 5 ms)")
+    print(f"200 NPCs with turns running ({running} still busy at the end, {rate:,.0f} textDelta/s of the 40,000/s their scripts ask for):"
+          f" trivial request p50 {pct(lat, .5):.2f} ms  p99 {pct(lat, .99):.2f} ms  (target p99 < 5 ms)")
     b.close()
 
     exits = []

@@ -15,7 +15,9 @@ without a script still answers.
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -119,6 +121,7 @@ class ScriptedEngine:
 
     async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
         self.requests.append(request)
+        sleep = _Pacer.current().sleep
         step = self._next_step(request)
         if step.get("delayMs"):
             await trio.sleep(step["delayMs"] / 1000)
@@ -151,7 +154,64 @@ class ScriptedEngine:
             pieces = _WORDS.findall(step.get("text", ""))
         for piece in pieces:
             if chunk_s:
-                await trio.sleep(chunk_s)
+                await sleep(chunk_s)
             yield TextChunk(piece)
         usage.output_tokens = len(pieces)
         yield StepDone(usage=usage, finish_reason=step.get("finishReason", "stop"))
+
+
+class _Pacer:
+    """The waits between streamed chunks, for every NPC of one trio run.
+
+    A ``trio.sleep`` per chunk costs a cancel scope and a deadline of its own; with hundreds
+    of NPCs streaming, that bookkeeping is most of what the process does. Here one system
+    task sleeps until the earliest due wait and wakes every task due within ``SLACK`` of it,
+    so NPCs streaming at the same pace wake together. A wait ends up to ``SLACK`` early."""
+
+    SLACK = 0.0005
+    _by_run: dict[Any, _Pacer] = {}
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._seq = 0
+        self._scope: trio.CancelScope | None = None
+        trio.lowlevel.spawn_system_task(self._run, name="oam-scripted-pacer")
+
+    @classmethod
+    def current(cls) -> _Pacer:
+        token = trio.lowlevel.current_trio_token()
+        pacer = cls._by_run.get(token)
+        if pacer is None:
+            cls._by_run.clear()  # an earlier trio.run is over: its pacer went with it
+            pacer = cls._by_run[token] = cls()
+        return pacer
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await trio.lowlevel.checkpoint()
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        entry = [trio.lowlevel.current_task()]  # emptied when the wait is aborted
+        deadline = trio.current_time() + seconds
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, entry))
+        if self._scope is not None and deadline < self._scope.deadline:
+            self._scope.deadline = deadline
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            entry.clear()
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def _run(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._heap[0][0] if self._heap else math.inf) as scope:
+                self._scope = scope
+                await trio.sleep_forever()
+            self._scope = None
+            due = trio.current_time() + self.SLACK
+            while self._heap and self._heap[0][0] <= due:
+                _, _, entry = heapq.heappop(self._heap)
+                if entry:
+                    trio.lowlevel.reschedule(entry[0])
