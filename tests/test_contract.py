@@ -45,6 +45,18 @@ async def test_engine_executed_tool_round_trip(any_client: Client) -> None:
     assert "".join(d["delta"] for d in deltas) == "We have 3 barrels." == deltas[-1]["text"]
 
 
+@req("T-WARN-1")
+async def test_engine_warnings_reach_the_completed_turn_once(any_client: Client) -> None:
+    c = any_client
+    w = "schema: 'pattern' is not enforced while generating (checked afterwards)"
+    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}], "warnings": [w]}, {"text": "ok", "warnings": [w, "second"]}])
+    r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
+    await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
+    await c.call("npc/submit", {"npcId": "keeper", "callId": "c1", "output": 1})
+    done = await c.wait_terminal(r["turnId"])
+    assert done["params"]["warnings"] == [w, "second"], "each step's warnings, each once, in order"
+
+
 @req("T-TOOL-2")
 async def test_submit_for_unknown_or_answered_call_is_an_error(any_client: Client) -> None:
     c = any_client

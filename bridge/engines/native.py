@@ -275,6 +275,7 @@ class NativeEngine:
                                 cached_tokens=int(u.get("cachedTokens", 0)),
                             ),
                             ev.get("finishReason", "stop"),
+                            [str(w) for w in ev.get("warnings") or []],
                         )
                         return
                     elif kind == EV_ERROR:

@@ -145,7 +145,7 @@ class ScriptedEngine:
             ]
             yield ToolCallsChunk(calls)
             usage.output_tokens = 8 * len(calls)
-            yield StepDone(usage=usage, finish_reason="tool_calls")
+            yield StepDone(usage=usage, finish_reason="tool_calls", warnings=list(step.get("warnings", [])))
             return
         if "json" in step:
             body = msgspec.json.encode(step["json"]).decode()
@@ -157,7 +157,7 @@ class ScriptedEngine:
                 await sleep(chunk_s)
             yield TextChunk(piece)
         usage.output_tokens = len(pieces)
-        yield StepDone(usage=usage, finish_reason=step.get("finishReason", "stop"))
+        yield StepDone(usage=usage, finish_reason=step.get("finishReason", "stop"), warnings=list(step.get("warnings", [])))
 
 
 class _Pacer:

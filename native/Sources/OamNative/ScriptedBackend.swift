@@ -79,12 +79,14 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         thread.start()
     }
 
-    private static func done(_ step: StepState, input: Int, output: Int, reason: String) {
-        step.finish(.object([
+    private static func done(_ step: StepState, input: Int, output: Int, reason: String, warnings: JSON?) {
+        var event: [String: JSON] = [
             "type": .string("done"),
             "usage": .object(["inputTokens": .int(input), "outputTokens": .int(output), "cachedTokens": .int(0)]),
             "finishReason": .string(reason),
-        ]))
+        ]
+        if let w = warnings?.array { event["warnings"] = .array(w) }  // a step's scripted warnings
+        step.finish(.object(event))
     }
 
     /// Python's str.isspace() (what `\s` matches in a str pattern).
@@ -159,9 +161,10 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
 
         guard let s = scripted else {
             if let schema = request["schema"], schema != .null {
-                stream("{}", cutter: { scalarCuts($0, every: 16) }, delay: 0, input: inputTokens, step: step)
+                stream("{}", cutter: { scalarCuts($0, every: 16) }, delay: 0, input: inputTokens, warnings: nil, step: step)
             } else {
-                stream("You said: " + lastUserMessage(request), cutter: wordCuts, delay: 0, input: inputTokens, step: step)
+                stream("You said: " + lastUserMessage(request), cutter: wordCuts, delay: 0, input: inputTokens,
+                       warnings: nil, step: step)
             }
             return
         }
@@ -189,20 +192,23 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
                 for p in words(pre) { step.pushText(p) }
             }
             step.push(.object(["type": .string("toolCalls"), "calls": .array(out)]))
-            done(step, input: inputTokens, output: estimateTokens(JSON.array(out).serialized()), reason: "tool_calls")
+            done(step, input: inputTokens, output: estimateTokens(JSON.array(out).serialized()), reason: "tool_calls",
+                 warnings: s["warnings"])
             return
         }
         if let j = s["json"] {
-            stream(j.serialized(), cutter: { scalarCuts($0, every: 16) }, delay: chunkDelay, input: inputTokens, step: step)
+            stream(j.serialized(), cutter: { scalarCuts($0, every: 16) }, delay: chunkDelay, input: inputTokens,
+                   warnings: s["warnings"], step: step)
             return
         }
-        stream(s["text"]?.string ?? "", cutter: wordCuts, delay: chunkDelay, input: inputTokens, step: step)
+        stream(s["text"]?.string ?? "", cutter: wordCuts, delay: chunkDelay, input: inputTokens,
+               warnings: s["warnings"], step: step)
     }
 
     /// Streams `text` cut by `cutter`: without a delay, 4096 deltas per lock (bytes copied
     /// straight into the step's batch buffers), else one delta per `delay` ms.
     private static func stream(_ text: String, cutter: (UnsafeBufferPointer<UInt8>) -> [Int], delay: Int,
-                               input: Int, step: StepState) {
+                               input: Int, warnings: JSON?, step: StepState) {
         var text = text
         let parts: Int? = text.withUTF8 { b in
             let cuts = cutter(b)
@@ -226,6 +232,6 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             }
             return cuts.count
         }
-        if let parts { done(step, input: input, output: parts, reason: "stop") }
+        if let parts { done(step, input: input, output: parts, reason: "stop", warnings: warnings) }
     }
 }
