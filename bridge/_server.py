@@ -444,9 +444,41 @@ class Server:
             err = BridgeError("message_too_large", f"line of {item.size} bytes exceeds {self.limits.max_line_bytes}", size=item.size, limit=self.limits.max_line_bytes)
             out: bytes | None = self._encode(_error(None, err))
         else:
+            await self._start_engines_for(item)
             out = self.handle_line(item)
         if out is not None:
             await self._emit_line(out)
+
+    async def _start_engines_for(self, line: bytes) -> None:
+        """Before a line that creates or restores an NPC on an engine (or model file) not
+        started yet, start it in a worker thread: loading weights takes from a fraction of a
+        second to many, and meanwhile the other NPCs' turns stream and their tool calls are
+        answered. Requests after this line wait, so they are still handled in order. What
+        fails here is left for the method itself to report."""
+        if b'"npc/create"' not in line and b'"npc/restore"' not in line:
+            return
+        try:
+            msg = msgspec.json.decode(line)
+        except (msgspec.DecodeError, RecursionError):
+            return
+        for one in msg if isinstance(msg, list) else [msg]:
+            if not isinstance(one, dict) or not isinstance(one.get("params"), dict):
+                continue
+            params = one["params"]
+            if one.get("method") == "npc/restore" and isinstance(params.get("save"), dict):
+                params = params["save"].get("config")
+            elif one.get("method") != "npc/create":
+                continue
+            if not isinstance(params, dict) or self.state != "ready":
+                continue
+            engine, model = params.get("engine", "auto"), params.get("model")
+            if not isinstance(engine, str) or not (model is None or isinstance(model, str)):
+                continue
+            try:
+                if not self.registry.started(engine, model):
+                    await trio.to_thread.run_sync(self.registry.get, engine, model)
+            except BridgeError:
+                pass
 
     async def _processor(self, in_recv: trio.MemoryReceiveChannel[bytes | LineTooLong]) -> None:
         async for item in in_recv:

@@ -262,3 +262,47 @@ async def test_an_npc_can_run_on_its_own_gguf_file(tmp_path) -> None:  # type: i
         with trio.fail_after(10):
             assert await p.process.wait() == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # REQ llama-load-off-loop: a create that loads another GGUF file loads it in a worker
+    # thread; meanwhile another NPC's turn keeps streaming (before, the loop stood still for
+    # the whole load), and the create is still answered in order.
+    import shutil
+
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(llama.default_model_path(), other)
+    async with trio.open_nursery() as nursery:
+        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "512")
+        c = p.client
+        await c.initialize()
+        await c.call("npc/create", {"npcId": "bard", "engine": "scripted", "script": [{"text": "la " * 3000, "chunkMs": 2}]})
+        r = await c.call("npc/respond", {"npcId": "bard", "prompt": "sing"})
+        with trio.fail_after(60):
+            while len(c.turn_events(r["turnId"])) < 20:
+                await c._changed.wait()
+            arrivals: list[float] = []
+
+            async def watch() -> None:
+                seen = len(c.turn_events(r["turnId"]))
+                while True:
+                    await c._changed.wait()
+                    n = len(c.turn_events(r["turnId"]))
+                    arrivals.extend([trio.current_time()] * (n - seen))
+                    seen = n
+
+            async with trio.open_nursery() as inner:
+                inner.start_soon(watch)
+                t0 = trio.current_time()
+                created = await c.call("npc/create", {"npcId": "sage", "model": str(other)})
+                took = trio.current_time() - t0
+                inner.cancel_scope.cancel()
+        assert created["engine"] == "llama"
+        during = [t for t in arrivals if t0 <= t <= t0 + took]
+        gaps = [b - a for a, b in zip([t0, *during], [*during, t0 + took])]
+        assert len(during) >= 5 and max(gaps) < took / 2, f"the load took {took:.3f} s; longest pause in the stream {max(gaps):.3f} s"
+        await c.call("npc/cancel", {"npcId": "bard"})
+        await p.process.stdin.aclose()  # type: ignore[union-attr]
+        with trio.fail_after(10):
+            assert await p.process.wait() == 0
+        nursery.cancel_scope.cancel()

@@ -80,9 +80,7 @@ class EngineRegistry:
             reasons.append(f"{cand}: {reason}")
         raise BridgeError("model_unavailable", "no model engine is available (" + "; ".join(reasons) + ")")
 
-    def get(self, name: str, model: str | None = None) -> Engine:
-        """The engine ``name`` resolves to, started on first use. ``model``: the llama engine
-        on another GGUF file (one loaded model per file, shared by the NPCs that name it)."""
+    def _key(self, name: str, model: str | None) -> tuple[str, str, dict[str, Any]]:
         name = self.resolve(name)
         key = name
         kwargs = dict(self._kwargs.get(name, {}))
@@ -90,6 +88,16 @@ class EngineRegistry:
             path = os.path.realpath(model)
             if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
                 key, kwargs["model_path"] = f"{name}@{path}", path
+        return name, key, kwargs
+
+    def started(self, name: str, model: str | None = None) -> bool:
+        """Whether ``get(name, model)`` would return without starting an engine."""
+        return self._key(name, model)[1] in self._engines
+
+    def get(self, name: str, model: str | None = None) -> Engine:
+        """The engine ``name`` resolves to, started on first use. ``model``: the llama engine
+        on another GGUF file (one loaded model per file, shared by the NPCs that name it)."""
+        name, key, kwargs = self._key(name, model)
         eng = self._engines.get(key)
         if eng is not None:
             return eng
