@@ -477,8 +477,8 @@ class Server:
             try:
                 if not self.registry.started(engine, model):
                     await trio.to_thread.run_sync(self.registry.get, engine, model)
-            except BridgeError:
-                pass
+            except Exception:  # noqa: BLE001 - the create itself reports it, in order
+                log.debug("starting engine %r for a create failed", engine, exc_info=True)
 
     async def _processor(self, in_recv: trio.MemoryReceiveChannel[bytes | LineTooLong]) -> None:
         async for item in in_recv:

@@ -61,6 +61,9 @@ class Client:
                 self._changed = trio.Event()
         self.eof.set()
         self._changed.set()
+        for id_, waiter in list(self._waiting.items()):  # a call the bridge never answered fails, not hangs
+            waiter.send_nowait({"jsonrpc": "2.0", "id": id_, "error": {"code": 0, "message": "bridge closed its stdout before answering", "data": {"code": "transport"}}})
+        self._waiting.clear()
 
     async def send_raw(self, data: bytes) -> None:
         await self._send.send_all(data)

@@ -84,7 +84,7 @@ class EngineRegistry:
         name = self.resolve(name)
         key = name
         kwargs = dict(self._kwargs.get(name, {}))
-        if model is not None:
+        if model is not None and name == "llama":  # only the llama engine takes a model file
             path = os.path.realpath(model)
             if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
                 key, kwargs["model_path"] = f"{name}@{path}", path
