@@ -8,7 +8,9 @@ trimming; stdout purity. Every stdout line is parsed as JSON by the test client.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import jsonschema
@@ -40,10 +42,11 @@ TOOLS = [NOTE_TOOL, DOOR_TOOL, DICE_TOOL]
 BY_NAME = {t["name"]: t for t in TOOLS}
 
 
-@pytest.fixture
-async def bridge() -> AsyncIterator[Proc]:
+@asynccontextmanager
+async def llama_bridge(*args: str) -> AsyncIterator[Proc]:
+    """An initialized bridge on the llama engine; at the end, stdin EOF must exit it with 0."""
     async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "1024")
+        p = await open_bridge(nursery, "--engine", "llama", *args)
         await p.client.initialize()
         yield p
         if p.process.returncode is None:
@@ -51,6 +54,18 @@ async def bridge() -> AsyncIterator[Proc]:
             with trio.fail_after(10):
                 assert await p.process.wait() == 0
         nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def bridge() -> AsyncIterator[Proc]:
+    async with llama_bridge("--llama-ctx", "1024") as p:
+        yield p
+
+
+def copy_of_the_model(tmp_path: Any) -> str:
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(llama.default_model_path(), other)
+    return str(other)
 
 
 async def create(p: Proc, npc: str, tools: list[dict[str, Any]], seed: int = 1, max_tokens: int = 64, **extra: Any) -> None:
@@ -199,83 +214,55 @@ async def test_trimming_keeps_a_long_conversation_inside_the_window(bridge: Proc
 
 async def test_stdout_stays_protocol_only_while_llama_logs_verbosely() -> None:
     # REQ llama-stdout: llama.cpp's own logging never reaches the protocol stream.
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-verbose", "--llama-ctx", "512")
-        c = p.client
-        await c.initialize()
+    async with llama_bridge("--llama-verbose", "--llama-ctx", "512") as p:
         await create(p, "talker", [DOOR_TOOL], max_tokens=16)
         done, _ = await run_turn(p, "talker", "Hello!")
         assert done["method"] == "turn/completed", done
-        await p.process.stdin.aclose()  # type: ignore[union-attr]
-        with trio.fail_after(10):
-            assert await p.process.wait() == 0
-        with trio.fail_after(5):
-            await c.eof.wait()
-        nursery.cancel_scope.cancel()
+    with trio.fail_after(5):
+        await p.client.eof.wait()
     assert b"llama" in bytes(p.stderr) and len(p.stderr) > 2000, "llama.cpp did log (to stderr)"
-    assert c.responses and c.events  # every one of them parsed as JSON by the client
+    assert p.client.responses and p.client.events  # every one of them parsed as JSON by the client
 
 
 async def test_unknown_model_file_is_a_clear_error() -> None:
     # REQ llama-model-option: a chosen GGUF file that does not exist makes the engine
     # unavailable with the reason, and create fails with model_unavailable.
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--model", "/nonexistent/model.gguf")
-        c = p.client
-        init = await c.initialize()
-        info = {e["name"]: e for e in init["engines"]}["llama"]
+    async with llama_bridge("--model", "/nonexistent/model.gguf") as p:
+        info = {e["name"]: e for e in (await p.client.call("engine/status"))["engines"]}["llama"]
         assert info["available"] is False and "/nonexistent/model.gguf" in info["reason"]
         with pytest.raises(RpcError) as err:
-            await c.call("npc/create", {"npcId": "x", "engine": "llama"})
+            await p.client.call("npc/create", {"npcId": "x", "engine": "llama"})
         assert err.value.error["data"]["code"] == "model_unavailable"
-        await p.process.stdin.aclose()  # type: ignore[union-attr]
-        with trio.fail_after(10):
-            assert await p.process.wait() == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_npc_can_run_on_its_own_gguf_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # REQ llama-model-per-npc: `model` in npc/create picks another GGUF file for one NPC;
     # NPCs on the bridge's default model are unaffected, and the choice is saved.
-    import shutil
-
-    other = tmp_path / "other.gguf"
-    shutil.copyfile(llama.default_model_path(), other)
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "512")
+    other = copy_of_the_model(tmp_path)
+    async with llama_bridge("--llama-ctx", "512") as p:
         c = p.client
-        await c.initialize()
         await create(p, "a", [], max_tokens=8)
-        await create(p, "b", [], max_tokens=8, model=str(other))
+        await create(p, "b", [], max_tokens=8, model=other)
         for npc in ("a", "b"):
             done, _ = await run_turn(p, npc, "Hello!")
             assert done["method"] == "turn/completed", done
         save = await c.call("npc/transcript", {"npcId": "b"})
-        assert save["config"]["model"] == str(other)
+        assert save["config"]["model"] == other
         with pytest.raises(RpcError) as err:
             await create(p, "c", [], model=str(tmp_path / "missing.gguf"))
         assert err.value.code == "model_unavailable" and "missing.gguf" in err.value.error["message"]
         with pytest.raises(RpcError) as err:
-            await c.call("npc/create", {"npcId": "d", "engine": "scripted", "model": str(other)})
+            await c.call("npc/create", {"npcId": "d", "engine": "scripted", "model": other})
         assert err.value.code == "invalid_params"
-        await p.process.stdin.aclose()  # type: ignore[union-attr]
-        with trio.fail_after(10):
-            assert await p.process.wait() == 0
-        nursery.cancel_scope.cancel()
 
 
 async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # REQ llama-load-off-loop: a create that loads another GGUF file loads it in a worker
     # thread; meanwhile another NPC's turn keeps streaming (before, the loop stood still for
     # the whole load), and the create is still answered in order.
-    import shutil
-
-    other = tmp_path / "other.gguf"
-    shutil.copyfile(llama.default_model_path(), other)
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "512")
+    other = copy_of_the_model(tmp_path)
+    async with llama_bridge("--llama-ctx", "512") as p:
         c = p.client
-        await c.initialize()
         await c.call("npc/create", {"npcId": "bard", "engine": "scripted", "script": [{"text": "la " * 3000, "chunkMs": 2}]})
         r = await c.call("npc/respond", {"npcId": "bard", "prompt": "sing"})
         with trio.fail_after(60):
@@ -294,7 +281,7 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
             async with trio.open_nursery() as inner:
                 inner.start_soon(watch)
                 t0 = trio.current_time()
-                created = await c.call("npc/create", {"npcId": "sage", "model": str(other)})
+                created = await c.call("npc/create", {"npcId": "sage", "model": other})
                 took = trio.current_time() - t0
                 inner.cancel_scope.cancel()
         assert created["engine"] == "llama"
@@ -302,7 +289,3 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
         gaps = [b - a for a, b in zip([t0, *during], [*during, t0 + took])]
         assert len(during) >= 5 and max(gaps) < took / 2, f"the load took {took:.3f} s; longest pause in the stream {max(gaps):.3f} s"
         await c.call("npc/cancel", {"npcId": "bard"})
-        await p.process.stdin.aclose()  # type: ignore[union-attr]
-        with trio.fail_after(10):
-            assert await p.process.wait() == 0
-        nursery.cancel_scope.cancel()
