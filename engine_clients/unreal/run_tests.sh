@@ -74,7 +74,7 @@ if [ -n "$OVERRIDDEN" ]; then
 else
     qs=$(timeout 60 "$BUILD/plain/quickstart" 2>&1); rc=$?
     if [ $rc -eq 0 ] && grep -q "The north door is open." <<<"$qs" && grep -q '"output":{"opened":"north"}' <<<"$qs"; then
-        echo "ok   - README quick start runs as printed (exit 0, tool answered, text streamed)"
+        echo "ok   - README quick start runs as printed (exit 0, tool answered, answer printed)"
     else
         echo "FAIL - README quick start (exit $rc): $qs"; FAIL=1
     fi
