@@ -373,7 +373,7 @@ class Server:
                 nursery.start_soon(self._processor, in_recv)
                 nursery.start_soon(self._reader, recv, in_send)
                 if preload:
-                    nursery.start_soon(self.registry.preload)
+                    nursery.start_soon(self.registry.start)
                 await self._stop.wait()
                 await self._wind_down()
                 nursery.cancel_scope.cancel()
@@ -451,10 +451,8 @@ class Server:
 
     async def _start_engines_for(self, line: bytes) -> None:
         """Before a line that creates or restores an NPC on an engine (or model file) not
-        started yet, start it in a worker thread: loading weights takes from a fraction of a
-        second to many, and meanwhile the other NPCs' turns stream and their tool calls are
-        answered. Requests after this line wait, so they are still handled in order. What
-        fails here is left for the method itself to report."""
+        started yet, start it off the loop (``EngineRegistry.start``): the other NPCs' turns
+        stream meanwhile, and requests after this line wait, so they stay in order."""
         if b'"npc/create"' not in line and b'"npc/restore"' not in line:
             return
         try:
@@ -472,13 +470,8 @@ class Server:
             if not isinstance(params, dict) or self.state != "ready":
                 continue
             engine, model = params.get("engine", "auto"), params.get("model")
-            if not isinstance(engine, str) or not (model is None or isinstance(model, str)):
-                continue
-            try:
-                if not self.registry.started(engine, model):
-                    await trio.to_thread.run_sync(self.registry.get, engine, model)
-            except Exception:  # noqa: BLE001 - the create itself reports it, in order
-                log.debug("starting engine %r for a create failed", engine, exc_info=True)
+            if isinstance(engine, str) and (model is None or isinstance(model, str)):
+                await self.registry.start(engine, model)
 
     async def _processor(self, in_recv: trio.MemoryReceiveChannel[bytes | LineTooLong]) -> None:
         async for item in in_recv:

@@ -121,21 +121,17 @@ class EngineRegistry:
         self._engines[key] = eng
         return eng
 
-    async def preload(self) -> None:
-        """Start the default model engine in a worker thread, so the first ``npc/create``
-        does not stall the dispatch loop while weights load. Failures are only logged: the
-        create that needs the engine reports them."""
+    async def start(self, name: str = "auto", model: str | None = None) -> None:
+        """Start the engine ``get(name, model)`` would return, in a worker thread: loading
+        weights takes from a fraction of a second to many, and the trio loop goes on
+        meanwhile. Failures are only logged: the ``npc/create`` that needs the engine
+        reports them, in order."""
         try:
-            name = self.resolve("auto")
-        except BridgeError:
-            return
-        if name in self._engines:
-            return
-        try:
-            await trio.to_thread.run_sync(self.get, name, abandon_on_cancel=True)
-            log.info("engine %s preloaded", name)
-        except BridgeError as e:
-            log.info("preloading %s failed: %s", name, e)
+            if not self.started(name, model):
+                await trio.to_thread.run_sync(self.get, name, model, abandon_on_cancel=True)
+                log.info("engine %s started", name)
+        except Exception as e:  # noqa: BLE001 - see above
+            log.info("starting engine %s failed: %s", name, e)
 
     async def aclose(self) -> None:
         for eng in self._engines.values():

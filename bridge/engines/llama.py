@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import functools
 import importlib.util
 import json
 import math
@@ -135,10 +134,18 @@ def _build_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
     """The step's GBNF grammar (None: free text) and the schema warnings, cached by what
     decides them: the same tools, mode and schema give the same grammar."""
     use_tools = bool(request.tools) and request.tool_mode != "disallowed"
-    key = json.dumps([[msgspec.to_builtins(t) for t in request.tools] if use_tools else [],
-                      request.tool_mode if use_tools else "", request.schema], sort_keys=True)
-    text, warnings = _grammar_for_key(key)
-    return text, list(warnings)
+    tools = request.tools if use_tools else []
+    mode = request.tool_mode if use_tools else ""
+    key = json.dumps([[msgspec.to_builtins(t) for t in tools], mode, request.schema], sort_keys=True)
+    hit = _GRAMMARS.get(key)
+    if hit is None:
+        if len(_GRAMMARS) >= 256:
+            _GRAMMARS.clear()
+        hit = _GRAMMARS[key] = _make_grammar(tools, mode, request.schema)
+    return hit[0], list(hit[1])
+
+
+_GRAMMARS: dict[str, tuple[str | None, tuple[str, ...]]] = {}  # JSON of (tools, mode, schema) -> grammar
 
 
 def _compact_repetition(grammar: str) -> str:
@@ -151,21 +158,21 @@ def _compact_repetition(grammar: str) -> str:
     return grammar
 
 
-@functools.lru_cache(maxsize=256)
-def _grammar_for_key(key: str) -> tuple[str | None, tuple[str, ...]]:
+def _gbnf(schema: dict[str, Any]) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    tools_raw, mode, schema = json.loads(key)
-    tools = [msgspec.convert(t, ToolSpec) for t in tools_raw]
+    return _compact_repetition(json_schema_to_gbnf(json.dumps(schema)))
+
+
+def _make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None) -> tuple[str | None, tuple[str, ...]]:
     warnings: list[str] = []
 
     def answer() -> str:
-        return _compact_repetition(json_schema_to_gbnf(json.dumps(_for_grammar(schema, "schema", warnings, None))))
+        return _gbnf(_for_grammar(schema, "schema", warnings, None))
 
     if not tools:
         return (answer() if schema is not None else None), tuple(dict.fromkeys(warnings))
-    call = _compact_repetition(json_schema_to_gbnf(json.dumps(_tools_schema(tools, warnings))))
-    call = call.replace("root ::=", "oamcall ::=", 1)
+    call = _gbnf(_tools_schema(tools, warnings)).replace("root ::=", "oamcall ::=", 1)
     if mode == "required":
         text = call + "\nroot ::= oamcall\n"
     elif schema is not None:

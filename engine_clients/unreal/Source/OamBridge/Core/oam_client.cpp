@@ -27,6 +27,20 @@ const std::pair<const char*, int> kCodes[] = {
     {"invalid_params", -32602}, {"internal_error", -32603},
 };
 
+// Runs a tool handler; a thrown exception becomes the error the model sees as the output.
+template <class Handler>
+bool runToolHandler(Handler&& handler, json& out, std::string& err) {
+    try {
+        out = handler();
+        return true;
+    } catch (const std::exception& e) {
+        err = e.what();
+    } catch (...) {
+        err = "tool handler failed";
+    }
+    return false;
+}
+
 std::string codeFor(int rpcCode) {
     for (const auto& c : kCodes)
         if (c.second == rpcCode) return c.first;
@@ -554,16 +568,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         if (tool.sync) {
             json out;
             std::string err;
-            bool ok = true;
-            try {
-                out = tool.sync(call.arguments);
-            } catch (const std::exception& e) {
-                ok = false;
-                err = e.what();
-            } catch (...) {
-                ok = false;
-                err = "tool handler failed";
-            }
+            bool ok = runToolHandler([&] { return tool.sync(call.arguments); }, out, err);
             if (ok) submitTool(call, &out, nullptr);
             else submitTool(call, nullptr, &err);
         } else if (tool.callback) {
@@ -615,16 +620,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                 }
                 json out;
                 std::string err;
-                bool ok = true;
-                try {
-                    out = fut.get();
-                } catch (const std::exception& e) {
-                    ok = false;
-                    err = e.what();
-                } catch (...) {
-                    ok = false;
-                    err = "tool handler failed";
-                }
+                bool ok = runToolHandler([&] { return fut.get(); }, out, err);
                 if (auto self = weak.lock()) {
                     if (ok) self->submitTool(call, &out, nullptr);
                     else self->submitTool(call, nullptr, &err);
