@@ -22,7 +22,9 @@ native:
 	  PATH="$$PATH:/opt/swift/usr/bin" swift test --package-path native -q; \
 	else echo "native: no Swift toolchain; skipping the native library"; fi
 
+# mypy reads its settings (strict, files = bridge) from pyproject.toml's [tool.mypy].
 test: setup native
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 	@if test -x engine_clients/run_tests.sh; then engine_clients/run_tests.sh; fi
 

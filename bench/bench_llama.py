@@ -6,6 +6,7 @@ directly on the same model, prompt and settings, in the same run.
 2. An NPC returning after another NPC spoke: its time to first token against its cold first
    turn (400-token persona), through the bridge.
 3. Resident memory of the bridge with 1, 10 and 100 NPCs on one model, each after a turn.
+4. Cancel: from leaving a step's stream to its generation thread releasing the model.
 
 Usage: python bench/bench_llama.py [--quick]
 """
@@ -22,7 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bridge.engines.base import Message  # noqa: E402
+import trio  # noqa: E402
+
+from bridge.engines.base import GenerationOptions, Message, StepRequest, TextChunk  # noqa: E402
 from bridge.engines.llama import LlamaEngine  # noqa: E402
 
 CTX = 2048
@@ -98,12 +101,34 @@ def direct(llm, tokens: list[int]) -> tuple[float, float, int]:
     return first - t0, (n - 1) / (end - first), n
 
 
+def cancel_latency_ms(eng: LlamaEngine) -> float:
+    """Leave a step at its first text delta; time until its thread gives the model back."""
+    req = StepRequest("c", "You are a bard.", [Message("user", "Sing me a long song.")], [], "disallowed", None,
+                      GenerationOptions(max_tokens=200, temperature=0), 0)
+
+    async def run() -> float:
+        stream = eng.stream_step(req)
+        async for c in stream:
+            if isinstance(c, TextChunk):
+                break
+        t0 = time.perf_counter()
+        await stream.aclose()  # what the agent's aclosing does on cancel
+        await trio.to_thread.run_sync(eng._gen.lock.acquire)
+        eng._gen.lock.release()
+        return (time.perf_counter() - t0) * 1e3
+
+    return trio.run(run)
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     runs = 3 if quick else 7
     eng = LlamaEngine(n_ctx=CTX)  # the direct side: same model file, threads and prompt rendering
     llm = eng._llm
     print(f"threads: {eng.threads[0]} generating, {eng.threads[1]} reading the prompt (both sides)")
+    lat = [cancel_latency_ms(eng) for _ in range(runs)]
+    print(f"cancel: leaving a step -> its thread releases the model, median {st.median(lat):.1f} ms, max {max(lat):.1f} ms"
+          " (about one decode step)")
     b = Bridge()
     bt, bs, dt, ds = [], [], [], []
     for i in range(runs):  # interleaved; each run a new persona, so neither side has it cached
@@ -113,7 +138,7 @@ def main() -> None:
         ttft, tps, out_b = b.turn(f"g{i}", msgs[0].content)
         bt.append(ttft)
         bs.append(tps)
-        d_ttft, d_tps, out_d = direct(llm, eng._tokens(eng._render(instr, msgs, [])))
+        d_ttft, d_tps, out_d = direct(llm, eng._tokens(eng._renderer.render(instr, msgs, [])))
         dt.append(d_ttft)
         ds.append(d_tps)
         if out_b != out_d:

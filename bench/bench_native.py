@@ -6,7 +6,8 @@ scripted engine, same run, same script, same chunking (both cut `\\S+\\s*|\\s+`)
 2. end to end: events per second of one long streamed turn (fullText false) through the
    real `oam-bridge` subprocess, `--engine native` against `--engine scripted`, counting
    turn/textDelta lines at the client (as bench_protocol.py does);
-3. round trip of a short step, and resident memory over 10,000 create / step / destroy
+3. how fast a cancel reaches a waiting step (trio cancel; oam_step_cancel from a thread);
+4. round trip of a short step, and resident memory over 10,000 create / step / destroy
    cycles (2,000 with --quick).
 
 Usage: python bench/bench_native.py [--quick]
@@ -94,6 +95,48 @@ def end_to_end(words: int, runs: int) -> tuple[list[float], list[float]]:
     return rates["scripted"], rates["native"]
 
 
+async def cancel_latency_ms() -> float:
+    """A trio cancel of a step waiting in a blocking pull: time until stream_step returns."""
+    e = native.NativeEngine(script=[{"text": "one two three", "chunkMs": 2000}])
+    cancelled_at = 0.0
+    with trio.CancelScope() as scope:
+
+        async def cancel_soon() -> None:
+            nonlocal cancelled_at
+            await trio.sleep(0.05)
+            cancelled_at = time.perf_counter()
+            scope.cancel()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(cancel_soon)
+            async for _c in e.stream_step(request()):
+                pass
+    elapsed = time.perf_counter() - cancelled_at
+    await e.aclose()
+    return elapsed * 1000
+
+
+def cancel_wakes_pull_ms() -> float:
+    import threading
+
+    ffi, lib = native.load()
+    eng = lib.oam_engine_create(b'{"script":[{"text":"slow","delayMs":5000}]}', ffi.NULL)
+    step = lib.oam_step_start(eng, b'{"messages":[]}', ffi.NULL)
+    out = ffi.new("oam_batch **")
+    sent = [0.0]
+
+    def cancel() -> None:
+        sent[0] = time.perf_counter()
+        lib.oam_step_cancel(step)
+
+    threading.Timer(0.02, cancel).start()
+    lib.oam_step_pull(step, -1, out)
+    woke = time.perf_counter()
+    lib.oam_step_free(step)
+    lib.oam_engine_destroy(eng)
+    return (woke - sent[0]) * 1000
+
+
 async def main() -> None:
     quick = "--quick" in sys.argv
     ok, reason = native.availability()
@@ -124,6 +167,12 @@ async def main() -> None:
     print(f"end to end through the oam-bridge subprocess, one turn of {e2e_words:,} deltas (fullText false), median of {e2e_runs}:")
     print(f"  --engine scripted (baseline) {rs:10,.0f} textDelta lines/s")
     print(f"  --engine native              {rn:10,.0f} textDelta lines/s   native/scripted {rn / rs:.2f}  (target >= 0.80)")
+
+    lat = [await cancel_latency_ms() for _ in range(5 if quick else 20)]
+    print(f"cancel reaching a step that waits between chunks (trio cancel -> stream_step returns), "
+          f"median {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms (poll interval {native.POLL_MS} ms)")
+    wake = [cancel_wakes_pull_ms() for _ in range(5 if quick else 20)]
+    print(f"oam_step_cancel from another thread waking a blocked oam_step_pull(-1): median {statistics.median(wake):.2f} ms")
 
     n = 200 if quick else 1000
     rp = await round_trip_us(lambda: ScriptedEngine(script=[{"text": "Hello there."}]), n)

@@ -6,7 +6,11 @@
 3. p99 round trip of a trivial request while 200 NPCs have turns running at once.
 4. Resident memory of the idle bridge, and per idle NPC (1,000 NPCs).
 
-Usage: python bench/bench_protocol.py [--quick]
+Usage: python bench/bench_protocol.py [--quick] [--round-trip] [--compare DIR]
+
+``--compare DIR``: also run every measure against the bridge in another checkout (for
+example ``git worktree add /some/dir d14face``), in the same run, and print the two side by
+side: the way a change shows it made nothing worse.
 """
 
 from __future__ import annotations
@@ -31,9 +35,20 @@ TRIO_ECHO = (
 ECHO = "import sys\nfor line in sys.stdin.buffer:\n    sys.stdout.buffer.write(line); sys.stdout.buffer.flush()\n"
 
 
+def _compare_root() -> str | None:
+    if "--compare" in sys.argv:
+        return os.path.abspath(sys.argv[sys.argv.index("--compare") + 1])
+    return None
+
+
+COMPARE = _compare_root()
+ROOTS = {"this tree": ROOT, **({"compared": COMPARE} if COMPARE else {})}
+
+
 class Peer:
-    def __init__(self, cmd: list[str]) -> None:
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, bufsize=0)
+    def __init__(self, cmd: list[str], cwd: str = ROOT) -> None:
+        env = {**os.environ, "PYTHONPATH": cwd}
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, bufsize=0, env=env)
         self.out = io.BufferedReader(self.p.stdout, 1 << 16)
         self.next_id = 1
 
@@ -86,6 +101,7 @@ def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
 def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> None:
     """``client_cpu``: peers start with this process's affinity, then it moves to that core."""
     echo, techo, b, b0 = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge(), bridge("--poll-us", "0")
+    bc = bridge(root=COMPARE) if COMPARE else None
     saved = os.sched_getaffinity(0)
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})
@@ -93,9 +109,11 @@ def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> Non
     te: list[float] = []
     r: list[float] = []
     r0: list[float] = []
+    rc: list[float] = []
+    peers = [(echo, e, True), (techo, te, True), (b, r, False), (b0, r0, False)] + ([(bc, rc, False)] if bc else [])
     for block in range(n // 100 + 2):  # interleaved blocks, so load on the machine hits all alike
         keep = block >= 2  # the first blocks warm up
-        for peer, out, is_echo in ((echo, e, True), (techo, te, True), (b, r, False), (b0, r0, False)):
+        for peer, out, is_echo in peers:
             xs = round_trips(peer, 100, is_echo)
             if keep:
                 out += xs
@@ -104,14 +122,16 @@ def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> Non
     print(f"  trio FdStream echo        p50 {pct(te, .5):8.1f}   p99 {pct(te, .99):8.1f}")
     print(f"  oam-bridge npc/list       p50 {pct(r, .5):8.1f}   p99 {pct(r, .99):8.1f}")
     print(f"  same, --poll-us 0         p50 {pct(r0, .5):8.1f}   p99 {pct(r0, .99):8.1f}")
+    if rc:
+        print(f"  compared tree npc/list    p50 {pct(rc, .5):8.1f}   p99 {pct(rc, .99):8.1f}   (this tree / compared: p50 {pct(r, .5) / pct(rc, .5):.2f}x)")
     print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x; without polling {pct(r0, .5) / pct(e, .5):.2f}x")
-    for peer in (echo, techo, b, b0):
+    for peer, _, _ in peers:
         peer.close()
     os.sched_setaffinity(0, saved)
 
 
-def bridge(*extra: str) -> Peer:
-    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted", *extra])
+def bridge(*extra: str, root: str = ROOT) -> Peer:
+    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted", *extra], cwd=root)
     b.call("initialize", {"protocolVersion": 1})
     return b
 
@@ -138,14 +158,20 @@ def main() -> None:
         os.sched_setaffinity(0, cpus)
     if "--round-trip" in sys.argv:
         return
-    b = bridge()
+    for label, root in ROOTS.items():
+        print(f"--- {label} ---")
+        per_tree(root, quick)
+
+
+def per_tree(root: str, quick: bool) -> None:
+    b = bridge(root=root)
 
     words = 20_000 if quick else 100_000
     rates = []
     for _ in range(3):
         b.call("npc/create", {"npcId": f"bard{len(rates)}", "script": [{"text": "la " * words}]})
         t = time.perf_counter()
-        tid = b.call("npc/respond", {"npcId": f"bard{len(rates)}", "prompt": "sing", "fullText": False})["result"]["turnId"]
+        b.call("npc/respond", {"npcId": f"bard{len(rates)}", "prompt": "sing", "fullText": False})["result"]["turnId"]
         events = 0
         while True:
             line = b.line()
@@ -180,7 +206,7 @@ def main() -> None:
 
     exits = []
     for _ in range(5):
-        b = bridge()
+        b = bridge(root=root)
         b.call("npc/create", {"npcId": "slow", "script": [{"text": "word " * 1000, "chunkMs": 10}]})
         b.call("npc/respond", {"npcId": "slow", "prompt": "talk"})
         t = time.perf_counter()
@@ -188,7 +214,7 @@ def main() -> None:
         exits.append((time.perf_counter() - t) * 1e3)
     print(f"stdin EOF with a turn streaming -> process exit: median {statistics.median(exits):.0f} ms (target < 1000 ms)")
 
-    b = bridge()
+    b = bridge(root=root)
     idle = b.rss_kib()
     for i in range(1000):
         b.call("npc/create", {"npcId": f"idle{i}", "instructions": "You are a villager. " * 5})

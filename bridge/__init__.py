@@ -2,9 +2,11 @@
 
 __version__ = "0.1.0"
 
-from ._server import Limits, Server  # noqa: E402
+from ._messages import Limits  # noqa: E402
+from ._server import Server  # noqa: E402
+from ._service import Service  # noqa: E402
 from .engines import EngineRegistry  # noqa: E402
 from .engines.scripted import ScriptedEngine  # noqa: E402
 from .errors import ERROR_CODES, BridgeError  # noqa: E402
 
-__all__ = ["ERROR_CODES", "BridgeError", "EngineRegistry", "Limits", "ScriptedEngine", "Server", "__version__"]
+__all__ = ["ERROR_CODES", "BridgeError", "EngineRegistry", "Limits", "ScriptedEngine", "Server", "Service", "__version__"]

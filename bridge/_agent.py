@@ -1,30 +1,53 @@
 """One agent per NPC: the turn queue, per-step steering, the tool runtime, trimming and
-rollback. Engines only run single steps (see ``engines.base``); every rule lives here once.
+rollback, and the one engine contract. Engines only run single steps (see ``engines.base``);
+every rule lives here once.
 
 Turn state machine (a table, illegal moves raise ``StateError``)::
 
     queued -> running -> awaiting_tool -> running -> completed | failed | cancelled
+
+Events leave through an ``EventSink`` (the service's). Every turn's events carry a ``seq``
+that is gap-free from 0, and every accepted turn ends with exactly one terminal event, even
+when it is cancelled while the sink is full: ``_emit`` waits for room *before* it takes a
+seq, with no checkpoint between taking it and ``put``, and terminal events and
+``turn/toolCallWithdrawn`` are put without waiting (the sink takes them past its bound).
+
+The engine contract (every engine gets the same treatment, whatever it produced):
+
+- tool calls on a step whose mode is ``disallowed`` are ignored with a warning in
+  ``turn/completed``, and the turn completes with the step's text;
+- a ``required`` (or named) step answered without a tool call fails the turn with
+  ``generation_failed`` (retryable);
+- a call to a tool not shown on that step gets an error output the model sees, and the turn
+  goes on;
+- a structured answer that is not valid JSON fails with ``generation_failed``, saying so when
+  the step was cut off by ``maxTokens`` (finish reason ``length``);
+- engines never re-filter: they get the tools and the mode to use.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import jsonschema
 import msgspec
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 import trio
 
 from . import _messages as m
-from .engines.base import Engine, Message, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage
+from .engines.base import Engine, Message, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolMode, ToolSpec, Usage
 from .errors import BridgeError
 
 log = logging.getLogger("oam_bridge.agent")
 
-Notify = Callable[[str, m._Event], Awaitable[None]]
+WithdrawReason = Literal["cancelled", "timeout", "turn_ended"]
 
 TURN_TRANSITIONS: dict[str, frozenset[str]] = {
     "queued": frozenset({"running", "cancelled"}),
@@ -35,19 +58,170 @@ TURN_TRANSITIONS: dict[str, frozenset[str]] = {
     "cancelled": frozenset(),
 }
 
+# How many restored turns one lazy count covers (one worker-thread hop for slow engines).
+COUNT_CHUNK = 64
+
 
 class StateError(RuntimeError):
     pass
 
 
-def check_schema(schema: Any, what: str) -> None:
-    """Raise ``invalid_schema`` unless ``schema`` is a valid JSON Schema object."""
+class EventSink(Protocol):
+    """Where an NPC's events go (the service supplies it)."""
+
+    async def wait_room(self) -> None:
+        """Return when ``put`` may be called without exceeding the output bound."""
+        ...
+
+    def put(self, event: m.Event) -> None:
+        """Take one event. Never blocks, never fails; takes terminal and withdrawn events
+        even past the bound."""
+        ...
+
+
+# ---- schemas ----
+
+# Keywords whose values are data, not schemas: a "$ref" inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+# Keywords whose values map names (not keywords) to schemas.
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+# Keywords whose subschemas apply to the same instance: a cycle through these (and "$ref")
+# never consumes the instance, so validating it would recurse forever.
+_SAME_INSTANCE_LISTS = ("allOf", "anyOf", "oneOf")
+_SAME_INSTANCE_ONE = ("not", "if", "then", "else")
+
+
+def _validator_class(schema: dict[str, Any], what: str) -> Any:
+    meta = schema.get("$schema")
+    if meta is None:
+        return jsonschema.Draft202012Validator
+    if not isinstance(meta, str):
+        raise BridgeError("invalid_schema", f"{what}: $schema must be a string naming a JSON Schema draft", path=["$schema"])
+    cls = jsonschema.validators.validator_for(schema, default=None)  # type: ignore[arg-type]
+    if cls is None:
+        raise BridgeError("invalid_schema", f"{what}: unsupported $schema {meta[:200]!r}", path=["$schema"])
+    return cls
+
+
+def check_schema(schema: Any, what: str, *, tool: bool = False) -> None:
+    """Raise ``invalid_schema`` unless ``schema`` is a JSON Schema the bridge can use.
+
+    Checked: an object; ``$schema`` (if given) names a known draft; the schema is valid
+    against its metaschema; every ``$ref`` is local (starts with ``#``) and resolves; no chain
+    of ``$ref``/``allOf``/``anyOf``/``oneOf``/``not``/``if`` refers back to itself without
+    consuming the instance. With ``tool=True`` the top level must be ``"type": "object"``
+    (tool arguments are an object on the wire). Never raises anything else."""
     if not isinstance(schema, dict):
         raise BridgeError("invalid_schema", f"{what} must be a JSON Schema object")
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        cls = _validator_class(schema, what)
+        cls.check_schema(schema)
+    except BridgeError:
+        raise
     except jsonschema.SchemaError as e:
         raise BridgeError("invalid_schema", f"{what}: {e.message}", path=list(e.path)) from None
+    except RecursionError:
+        raise BridgeError("invalid_schema", f"{what}: nested too deeply") from None
+    except Exception as e:  # a schema that breaks the checker itself is still the peer's
+        raise BridgeError("invalid_schema", f"{what}: not a usable JSON Schema ({type(e).__name__})") from None
+    try:
+        _check_refs(schema, cls, what)
+    except BridgeError:
+        raise
+    except RecursionError:
+        raise BridgeError("invalid_schema", f"{what}: nested too deeply") from None
+    except Exception as e:
+        raise BridgeError("invalid_schema", f"{what}: references cannot be resolved ({type(e).__name__})") from None
+    if tool and schema.get("type") != "object":
+        raise BridgeError("invalid_schema", f'{what} must be an object schema ("type": "object")', path=["type"])
+
+
+def _check_refs(root: dict[str, Any], cls: Any, what: str) -> None:
+    dialect = cls.META_SCHEMA.get("$id") or cls.META_SCHEMA.get("id") or ""
+    spec = referencing.jsonschema.specification_with(dialect.rstrip("#"), default=referencing.jsonschema.DRAFT202012)
+    resource = spec.create_resource(root)
+    registry: referencing.Registry[Any] = referencing.Registry().with_resource(resource.id() or "", resource).crawl()
+    resolver = registry.resolver(base_uri=resource.id() or "")
+    on_stack: set[int] = set()
+    done: set[int] = set()
+
+    def resolve(node: dict[str, Any], res: Any, key: str) -> tuple[Any, Any] | None:
+        ref = node.get(key)
+        if not isinstance(ref, str):
+            return None
+        if not ref.startswith("#"):
+            raise BridgeError("invalid_schema", f"{what}: {key} {ref[:200]!r} is not local (only '#...' references are allowed)")
+        if key != "$ref":
+            return None  # dynamic references resolve at validation time; local is enough
+        try:
+            found = res.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            raise BridgeError("invalid_schema", f"{what}: $ref {ref[:200]!r} does not resolve") from None
+        return found.contents, found.resolver
+
+    def visit(node: Any, res: Any) -> None:
+        """Walk every subschema; detect same-instance cycles (on_stack holds the current
+        same-instance chain)."""
+        if not isinstance(node, dict):
+            if isinstance(node, list):
+                for x in node:
+                    visit(x, res)
+            return
+        if isinstance(node.get("$id"), str) or isinstance(node.get("id"), str):
+            res = res.in_subresource(spec.create_resource(node))
+        key = id(node)
+        if key in on_stack:
+            raise BridgeError("invalid_schema", f"{what}: a reference refers back to itself without consuming the instance")
+        if key in done:
+            return
+        on_stack.add(key)
+        try:
+            for k in ("$ref", "$dynamicRef", "$recursiveRef"):
+                target = resolve(node, res, k)
+                if target is not None:
+                    visit(target[0], target[1])
+            for k in _SAME_INSTANCE_LISTS:
+                if isinstance(node.get(k), list):
+                    for x in node[k]:
+                        visit(x, res)
+            for k in _SAME_INSTANCE_ONE:
+                visit(node.get(k), res)
+            if isinstance(node.get("dependentSchemas"), dict):
+                for x in node["dependentSchemas"].values():
+                    visit(x, res)
+        finally:
+            on_stack.discard(key)
+        done.add(key)
+        # Subschemas that consume the instance (properties, items, ...): a fresh chain each.
+        saved = set(on_stack)
+        on_stack.clear()
+        try:
+            for k, v in node.items():
+                if k in _DATA_KEYWORDS or k in _SAME_INSTANCE_LISTS or k in _SAME_INSTANCE_ONE or k == "dependentSchemas":
+                    continue
+                if k in _NAMED_SCHEMAS and isinstance(v, dict):
+                    for x in v.values():
+                        visit(x, res)
+                elif isinstance(v, (dict, list)):
+                    visit(v, res)
+        finally:
+            on_stack.clear()
+            on_stack.update(saved)
+
+    visit(root, resolver)
+
+
+def make_validator(schema: dict[str, Any]) -> Any:
+    """A validator for a schema ``check_schema`` accepted, with format checking (email,
+    date, ...: the formats jsonschema can check with what is installed)."""
+    cls = _validator_class(schema, "schema")
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def first_error(validator: Any, value: Any) -> str | None:
+    """The message of the most relevant error of ``value`` (jsonschema's ``best_match``)."""
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    return None if error is None else str(error.message)
 
 
 def reorder_to_schema(value: Any, schema: dict[str, Any] | None) -> Any:
@@ -55,7 +229,9 @@ def reorder_to_schema(value: Any, schema: dict[str, Any] | None) -> Any:
     if not isinstance(schema, dict):
         return value
     if isinstance(value, dict):
-        props = schema.get("properties") or {}
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            props = {}
         out = {k: reorder_to_schema(value[k], props[k]) for k in props if k in value}
         out.update((k, v) for k, v in value.items() if k not in out)
         return out
@@ -80,14 +256,43 @@ def render_instructions(config: m.NpcConfig) -> str:
     return "\n".join(parts)
 
 
+# ---- token counting ----
+
+
+def _blocking(engine: Engine) -> bool:
+    return bool(getattr(engine, "blocking_count", True))
+
+
+def _count_batch(engine: Engine, jobs: Sequence[tuple[str, list[Message], list[ToolSpec]]]) -> list[int]:
+    return [engine.count_tokens(i, msgs, tools) for i, msgs, tools in jobs]
+
+
+async def _count(engine: Engine, jobs: Sequence[tuple[str, list[Message], list[ToolSpec]]]) -> list[int]:
+    """Run ``engine.count_tokens`` on each job: inline for engines whose count is cheap,
+    else in one worker-thread hop, so a model's tokenizer never runs on the event loop."""
+    if not _blocking(engine):
+        return _count_batch(engine, jobs)
+    return await trio.to_thread.run_sync(_count_batch, engine, jobs)
+
+
+async def count_text_tokens(engine: Engine, text: str) -> int:
+    """Tokens ``text`` costs as a user message (what ``tokens/count`` answers)."""
+    with_text, empty = await _count(engine, [("", [Message(role="user", content=text)], []), ("", [], [])])
+    return max(0, with_text - empty)
+
+
+# ---- turns ----
+
+
 class _PendingCall:
-    __slots__ = ("call", "done", "output", "error")
+    __slots__ = ("call", "done", "output", "error", "withdrawn")
 
     def __init__(self, call: ToolCall) -> None:
         self.call = call
         self.done = trio.Event()
         self.output: Any = None
         self.error: str | None = None
+        self.withdrawn: WithdrawReason | None = None  # set when resolved by withdrawal
 
 
 class Turn:
@@ -98,7 +303,7 @@ class Turn:
         self.state = "queued"
         self.seq = 0
         self.scope = trio.CancelScope()
-        self.end_reason: str = "cancelled"  # why the turn was cancelled, if it was
+        self.end_reason: WithdrawReason = "cancelled"  # why the turn was cancelled, if it was
 
     def move(self, new: str) -> None:
         if new not in TURN_TRANSITIONS[self.state]:
@@ -112,57 +317,204 @@ class Turn:
 
 
 class Npc:
-    """An NPC's configuration, committed history (complete turns only) and turn queue."""
+    """An NPC's configuration, committed history (complete turns only) and turn queue.
 
-    def __init__(self, config: m.NpcConfig, engine: Engine, engine_name: str, notify: Notify, max_queued: int) -> None:
+    Token accounting (trimming): the prompt of a step is counted as
+    ``base(instructions, tools shown) + sum(tokens of each visible turn) + tokens of the
+    turn's own messages so far``, where a turn's (or a batch of messages') tokens are
+    ``count_tokens("", msgs, []) - count_tokens("", [], [])``. Each committed turn is counted
+    once, from the messages the turn counted as it went; restored turns are counted lazily,
+    newest first, only as far back as the window reaches (``COUNT_CHUNK`` per worker-thread
+    hop on slow engines); ``base`` is cached per tool set. This is exact on engines whose
+    count is additive over messages (the scripted engine) and a close estimate on chat
+    templates (llama, native), whose boundary tokens it may count slightly differently.
+    The visible window (first visible turn, its running total) moves with the history, so a
+    step costs amortised O(1) counting plus building its message list (bounded by the
+    window): O(new messages) per turn, whatever the history's length. The window is the
+    longest run of newest turns that fits ``context_size - maxTokens (or 256)``, exactly what
+    dropping the oldest turn one at a time until it fits gave.
+    """
+
+    def __init__(self, config: m.NpcConfig, engine: Engine, engine_name: str, sink: EventSink, max_queued: int) -> None:
         self.config = config
+        self.npc_id = config.npc_id
         self.engine = engine
         self.engine_name = engine_name
+        self.sink = sink
         self.instructions = render_instructions(config)
         self.tools = {t.name: t for t in config.tools}
+        self._arg_validators = {t.name: make_validator(t.parameters) for t in config.tools}
         self.turns: list[list[Message]] = []
-        self.notify = notify
         self.current: Turn | None = None
         self.pending: dict[str, _PendingCall] = {}
         self._send, self._recv = trio.open_memory_channel[Turn](max_queued)
         self.queued: list[Turn] = []
         self.closed = False
+        # token accounting (see the class docstring)
+        self._turn_tokens: list[int | None] = []  # parallel to turns; None: not counted yet
+        self._start = 0  # first visible turn; every turn from here on is counted
+        self._visible = 0  # sum of _turn_tokens[_start:]
+        self._epoch = 0  # bumped when the history is replaced: stale counts are dropped
+        self._base: dict[tuple[str, ...], int] = {}
+        self._empty: int | None = None
+
+    # ---- history ----
+
+    def set_history(self, turns: list[list[Message]]) -> None:
+        """Replace the history (restore), before the worker runs. O(len(turns)); no turn is
+        counted until a prompt needs it."""
+        self.turns = turns
+        self._turn_tokens = [None] * len(turns)
+        self._start = len(turns)
+        self._visible = 0
+        self._epoch += 1
+
+    def reset(self) -> None:
+        """Cancel every turn, clear the history (and its counts), and make the engine forget
+        the NPC; a scripted NPC's script starts again from its first step."""
+        self.cancel()
+        self.set_history([])
+        self.engine.forget(self.npc_id)
+        if self.config.script is not None:
+            set_script = getattr(self.engine, "set_script", None)
+            if set_script is not None:
+                set_script(self.npc_id, self.config.script)
+
+    async def _empty_tokens(self) -> int:
+        if self._empty is None:
+            (self._empty,) = await _count(self.engine, [("", [], [])])
+        return self._empty
+
+    async def _base_tokens(self, tools: list[ToolSpec]) -> int:
+        key = tuple(t.name for t in tools)
+        n = self._base.get(key)
+        if n is None:
+            (n,) = await _count(self.engine, [(self.instructions, [], tools)])
+            self._base[key] = n
+        return n
+
+    async def _messages_tokens(self, msgs: list[Message]) -> int:
+        empty = await self._empty_tokens()
+        (n,) = await _count(self.engine, [("", msgs, [])])
+        return max(0, n - empty)
+
+    def _fit(self, fixed: int, budget: int) -> int | None:
+        """Move the window to the longest run of newest turns that fits ``budget`` beside
+        ``fixed`` tokens. Synchronous (the window is consistent when it returns). Returns
+        ``None`` when done, else the index of a turn that must be counted first."""
+        counts = self._turn_tokens
+        s, total = self._start, self._visible
+        while fixed + total > budget and s < len(counts):
+            c = counts[s]
+            assert c is not None, "turns from the window's start on are counted"
+            total -= c
+            s += 1
+        missing: int | None = None
+        while s > 0 and fixed + total <= budget:
+            c = counts[s - 1]
+            if c is None:
+                missing = s - 1
+                break
+            if fixed + total + c > budget:
+                break
+            s -= 1
+            total += c
+        self._start, self._visible = s, total
+        return missing
+
+    async def _count_turns(self, hi: int) -> None:
+        """Count the uncounted turns in ``[hi - COUNT_CHUNK + 1, hi]`` (one thread hop)."""
+        epoch = self._epoch
+        lo = max(0, hi - COUNT_CHUNK + 1)
+        idx = [i for i in range(lo, hi + 1) if self._turn_tokens[i] is None]
+        empty = await self._empty_tokens()
+        counts = await _count(self.engine, [("", self.turns[i], []) for i in idx])
+        if self._epoch != epoch:
+            return  # the history was replaced meanwhile: these counts are for another one
+        for i, n in zip(idx, counts):
+            self._turn_tokens[i] = max(0, n - empty)
+
+    async def _window(self, fixed: int, budget: int) -> tuple[int, int]:
+        """(first visible turn, tokens of the visible turns): consistent with ``self.turns``
+        until the caller's next checkpoint."""
+        while True:
+            missing = self._fit(fixed, budget)
+            if missing is None:
+                return self._start, self._visible
+            await self._count_turns(missing)
+
+    def _budget(self) -> int:
+        return self.engine.context_size - (self.config.options.max_tokens or 256)
+
+    async def prompt_tokens(self) -> int:
+        """Tokens of the prompt the model would see now (instructions, every tool, and the
+        turns that fit the window), counted off the event loop for slow engines."""
+        tools = list(self.tools.values())
+        fixed = await self._base_tokens(tools)
+        _, visible = await self._window(fixed, self._budget())
+        return fixed + visible
+
+    def _commit(self, working: list[Message], tokens: int) -> None:
+        self.turns.append(working)
+        self._turn_tokens.append(tokens)
+        self._visible += tokens
 
     # ---- queue ----
 
     def enqueue(self, params: m.RespondParams) -> Turn:
+        if self.closed:
+            raise BridgeError("unknown_npc", f"npc {self.npc_id!r} was deleted", npcId=self.npc_id)
         turn = Turn(self, params)
         try:
             self._send.send_nowait(turn)
         except trio.WouldBlock:
-            raise BridgeError("busy", f"npc {self.config.npc_id!r} has too many queued turns") from None
+            raise BridgeError("busy", f"npc {self.npc_id!r} has too many queued turns") from None
         self.queued.append(turn)
         return turn
 
     async def worker(self) -> None:
-        async for turn in self._recv:
-            self.queued.remove(turn)
-            if turn.state == "cancelled":
-                await self._emit_failed(turn, BridgeError("cancelled", "turn cancelled before it started"))
-                continue
-            self.current = turn
-            try:
-                await self._run(turn)
-            finally:
-                self.current = None
-                self.pending.clear()
+        """Run the NPC's turns one at a time until ``close``. If the worker itself is
+        cancelled (the host is going away), every turn it holds still gets ``turn/failed``."""
+        try:
+            async for turn in self._recv:
+                self.queued.remove(turn)
+                if turn.state == "cancelled":
+                    self._put_failed(turn, BridgeError("cancelled", "turn cancelled before it started"))
+                    continue
+                self.current = turn
+                try:
+                    await self._run(turn)
+                finally:
+                    self.current = None
+                    self.pending.clear()
+        finally:
+            for turn in list(self.queued):
+                self.queued.remove(turn)
+                if turn.state == "queued":
+                    turn.move("cancelled")
+                self._put_failed(turn, BridgeError("cancelled", "turn cancelled before it started"))
 
     def cancel(self, reason: str = "cancelled") -> list[str]:
-        """Cancel the running turn and every queued one. Each still gets its terminal event."""
+        """Cancel the running turn and every queued one; synchronous. The running turn's
+        pending tool calls are resolved at once (a later ``submit`` for them raises
+        ``unknown_tool_call``); its task still reports each as ``turn/toolCallWithdrawn``
+        before ``turn/failed``. Returns the ids of the turns this call cancelled."""
+        why: WithdrawReason = "turn_ended" if reason == "turn_ended" else "cancelled"
         ids = []
+        cur = self.current
+        if cur is not None and cur.state in ("running", "awaiting_tool") and not cur.scope.cancel_called:
+            cur.end_reason = why
+            cur.scope.cancel()
+            ids.append(cur.id)
+            for pc in self.pending.values():
+                if not pc.done.is_set():
+                    pc.withdrawn = why
+                    pc.done.set()
+            self.pending.clear()
         for t in self.queued:
             if t.state == "queued":
                 t.move("cancelled")
                 ids.append(t.id)
-        if self.current is not None and self.current.state in ("running", "awaiting_tool"):
-            self.current.end_reason = reason
-            self.current.scope.cancel()
-            ids.insert(0, self.current.id)
         return ids
 
     def close(self, reason: str = "turn_ended") -> None:
@@ -175,66 +527,70 @@ class Npc:
         if pc is None or pc.done.is_set():
             raise BridgeError(
                 "unknown_tool_call",
-                f"no pending tool call {params.call_id!r} for npc {self.config.npc_id!r}",
+                f"no pending tool call {params.call_id!r} for npc {self.npc_id!r}",
                 callId=params.call_id,
             )
         pc.output, pc.error = params.output, params.error
         pc.done.set()
+        del self.pending[params.call_id]
+
+    # ---- events ----
+
+    def _put(self, turn: Turn, kind: Callable[..., m.Event], /, **fields: Any) -> None:
+        self.sink.put(kind(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), **fields))
+
+    async def _emit(self, turn: Turn, kind: Callable[..., m.Event], /, **fields: Any) -> None:
+        await self.sink.wait_room()
+        # No checkpoint from here to put: a cancelled wait never consumes a seq.
+        self.sink.put(kind(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), **fields))
+
+    async def _emit_owed(self, turn: Turn, kind: Callable[..., m.Event], /, **fields: Any) -> None:
+        """An event the game is owed (the end of a call it saw requested): waits for room,
+        but if the turn is cancelled meanwhile, puts it anyway before ending."""
+        try:
+            await self.sink.wait_room()
+        except trio.Cancelled:
+            self._put(turn, kind, **fields)
+            raise
+        self._put(turn, kind, **fields)
+
+    def _put_failed(self, turn: Turn, err: BridgeError) -> None:
+        self._put(turn, m.TurnFailed, error=m.ErrorInfo(**err.to_event()))
 
     # ---- turn ----
 
-    async def _emit(self, turn: Turn, event: str, /, **fields: Any) -> None:
-        ev = m.EVENTS[event](npc_id=self.config.npc_id, turn_id=turn.id, seq=turn.next_seq(), **fields)
-        await self.notify(event, ev)
-
-    async def _emit_failed(self, turn: Turn, err: BridgeError) -> None:
-        with trio.CancelScope(shield=True):
-            await self._emit(turn, "turn/failed", error=m.ErrorInfo(**err.to_event()))
-
     async def _run(self, turn: Turn) -> None:
         turn.move("running")
-        await self._emit(turn, "turn/started", prompt=turn.params.prompt)
         error: BridgeError | None = None
-        with turn.scope:
-            try:
-                await self._steps(turn)
-                return
-            except BridgeError as e:
-                error = e
-            except Exception as e:  # our bug or an engine's: logged, reported, never a crash
-                log.exception("turn %s failed", turn.id)
-                error = BridgeError("generation_failed", f"internal error: {type(e).__name__}: {e}")
+        try:
+            with turn.scope:
+                try:
+                    await self._emit(turn, m.TurnStarted, prompt=turn.params.prompt)
+                    await self._steps(turn)
+                    return
+                except BridgeError as e:
+                    error = e
+                except Exception as e:  # our bug or an engine's: logged, reported, never a crash
+                    log.exception("turn %s failed", turn.id)
+                    error = BridgeError("internal_error", f"internal error: {type(e).__name__}")
+        except BaseException:
+            # Cancelled from outside the turn (the host is going away): still one terminal event.
+            if turn.state in ("running", "awaiting_tool"):
+                turn.move("cancelled")
+                self._put_failed(turn, BridgeError("cancelled", "turn cancelled"))
+            raise
         # History is untouched: the turn's messages were never committed (rollback).
         if error is None:
             turn.move("cancelled")
             error = BridgeError("cancelled", "turn cancelled")
         else:
             turn.move("failed")
-        await self._emit_failed(turn, error)
-
-    def _visible(self, working: list[Message], tools: list[ToolSpec]) -> tuple[list[Message], int]:
-        """Drop the oldest complete turns until the prompt fits the engine's window."""
-        reserve = self.config.options.max_tokens or 256
-        budget = self.engine.context_size - reserve
-        history = self.turns
-        dropped = 0
-        while True:
-            msgs = [msg for t in history[dropped:] for msg in t] + working
-            n = self.engine.count_tokens(self.instructions, msgs, tools)
-            if n <= budget:
-                return msgs, dropped
-            if dropped == len(history):
-                raise BridgeError(
-                    "context_size_exceeded",
-                    f"prompt needs {n} tokens; the window leaves {budget}",
-                    tokens=n,
-                    contextSize=self.engine.context_size,
-                )
-            dropped += 1
+        self._put_failed(turn, error)
 
     async def _steps(self, turn: Turn) -> None:
         p = turn.params
         working: list[Message] = [Message(role="user", content=p.prompt)]
+        working_tokens = await self._messages_tokens(working)
         records: list[m.ToolRecord] = []
         usage = Usage()
         rounds = calls_made = 0
@@ -243,21 +599,33 @@ class Npc:
         warnings: list[str] = []
         step = 0
         finish = "stop"
+        budget = self._budget()
         while True:
             tools, mode = self._steer(p, step, rounds, calls_made)
-            msgs, dropped = self._visible(working, tools)
+            fixed = await self._base_tokens(tools) + working_tokens
+            dropped, visible = await self._window(fixed, budget)
+            if fixed + visible > budget:
+                raise BridgeError(
+                    "context_size_exceeded",
+                    f"prompt needs {fixed} tokens; the window leaves {budget}",
+                    tokens=fixed,
+                    contextSize=self.engine.context_size,
+                )
+            # From the window above to the request: no checkpoint (the history may not move).
+            msgs = [msg for t in self.turns[dropped:] for msg in t] + working
+            kept = len(self.turns) - dropped
             if dropped > announced_drop:
                 announced_drop = dropped
                 await self._emit(
                     turn,
-                    "turn/contextTrimmed",
+                    m.ContextTrimmed,
                     dropped_turns=dropped,
-                    kept_turns=len(self.turns) - dropped,
-                    prompt_tokens=self.engine.count_tokens(self.instructions, msgs, tools),
+                    kept_turns=kept,
+                    prompt_tokens=fixed + visible,
                     context_size=self.engine.context_size,
                 )
             req = StepRequest(
-                npc_id=self.config.npc_id,
+                npc_id=self.npc_id,
                 instructions=self.instructions,
                 messages=msgs,
                 tools=tools,
@@ -272,7 +640,7 @@ class Npc:
             n_chunks = 0
             # aclosing: a cancelled step closes the engine's generator at once, so an engine
             # can stop its worker thread instead of waiting for garbage collection.
-            async with aclosing(self.engine.stream_step(req)) as stream:
+            async with aclosing(self.engine.stream_step(req)) as stream:  # type: ignore[type-var]
                 async for chunk in stream:
                     n_chunks += 1
                     if n_chunks % 32 == 0:
@@ -281,9 +649,9 @@ class Npc:
                         text += chunk.delta
                         so_far = text if p.full_text else None
                         if p.schema is not None:
-                            await self._emit(turn, "turn/partialJson", json=so_far, delta=chunk.delta)
+                            await self._emit(turn, m.PartialJson, json=so_far, delta=chunk.delta)
                         else:
-                            await self._emit(turn, "turn/textDelta", delta=chunk.delta, text=so_far, is_reset=reset)
+                            await self._emit(turn, m.TextDelta, delta=chunk.delta, text=so_far, is_reset=reset)
                             reset = False
                     elif isinstance(chunk, ToolCallsChunk):
                         calls.extend(chunk.calls)
@@ -296,57 +664,63 @@ class Npc:
             if calls and mode != "disallowed":
                 rounds += 1
                 turn.move("awaiting_tool")
-                results = await self._run_calls(turn, calls, calls_made, p)
+                results = await self._run_calls(turn, calls, calls_made, p, {t.name: t for t in tools})
                 turn.move("running")
                 calls_made += len(calls)
-                working.append(Message(role="assistant", content=text, tool_calls=calls))
+                new = [Message(role="assistant", content=text, tool_calls=calls)]
                 for call, (output, err) in zip(calls, results):
                     records.append(m.ToolRecord(call.id, call.name, call.arguments, output, err))
                     content = err if err is not None else (output if isinstance(output, str) else msgspec.json.encode(output).decode())
-                    working.append(
+                    new.append(
                         Message(role="tool", content=f"Error: {content}" if err else content, tool_call_id=call.id, name=call.name, is_error=err is not None)
                     )
+                working.extend(new)
+                working_tokens += await self._messages_tokens(new)
                 continue
             if calls:
-                warnings.append(f"engine produced {len(calls)} tool call(s) on a step where tools were disallowed; ignored")
+                warn = f"the model made {len(calls)} tool call(s) on a step where tools were disallowed; ignored"
+                if warn not in warnings:
+                    warnings.append(warn)
+            elif mode == "required":
+                raise BridgeError("generation_failed", "the model answered without calling a tool on a step that required one")
             break
         answer: Any = None
         if p.schema is not None:
             try:
                 answer = msgspec.json.decode(text)
             except msgspec.DecodeError:
-                raise BridgeError("generation_failed", "the structured answer is not valid JSON", text=text[:200]) from None
-            errors = sorted(jsonschema.validators.validator_for(p.schema)(p.schema).iter_errors(answer), key=str)
-            if errors:
-                raise BridgeError("generation_failed", f"the structured answer does not match the schema: {errors[0].message}")
+                why = " (cut off by maxTokens: finish_reason \"length\")" if finish == "length" else ""
+                raise BridgeError("generation_failed", f"the structured answer is not valid JSON{why}", text=text[:200]) from None
+            problem = first_error(make_validator(p.schema), answer)
+            if problem is not None:
+                raise BridgeError("generation_failed", f"the structured answer does not match the schema: {problem}")
             answer = reorder_to_schema(answer, p.schema)
-        working.append(Message(role="assistant", content=text))
+        final = Message(role="assistant", content=text)
+        working.append(final)
+        tokens = working_tokens + await self._messages_tokens([final])
+        # A cancel that arrived while this task was already scheduled ends the turn here:
+        # the commit below has no checkpoint, so it is all or nothing.
+        await trio.lowlevel.checkpoint_if_cancelled()
         # Commit: the one place history changes. Nothing before this point is kept on failure.
-        with trio.CancelScope(shield=True):
-            self.turns.append(working)
-            turn.move("completed")
-            await self._emit(
-                turn,
-                "turn/completed",
-                text=text,
-                json=answer,
-                tool_calls=records,
-                usage=usage,
-                steps=step,
-                finish_reason=finish,
-                warnings=warnings,
-            )
+        self._commit(working, tokens)
+        turn.move("completed")
+        self._put(
+            turn,
+            m.TurnCompleted,
+            text=text,
+            json=answer,
+            tool_calls=records,
+            usage=usage,
+            steps=step,
+            finish_reason=finish,
+            warnings=warnings,
+        )
 
-    def _steer(self, p: m.RespondParams, step: int, rounds: int, calls_made: int) -> tuple[list[ToolSpec], str]:
+    def _steer(self, p: m.RespondParams, step: int, rounds: int, calls_made: int) -> tuple[list[ToolSpec], ToolMode]:
         """Tool mode and visible tools for one step: ``required``/named apply to step 0 only;
         a spent budget or ``none`` disallows, and disallowed steps show no tools at all."""
         choice = p.tool_choice
-        if (
-            not self.tools
-            or choice == "none"
-            or rounds >= p.max_tool_rounds
-            or calls_made >= p.max_tool_calls
-        ):
+        if not self.tools or choice == "none" or rounds >= p.max_tool_rounds or calls_made >= p.max_tool_calls:
             return [], "disallowed"
         if step == 0 and isinstance(choice, m.NamedTool):
             return [self.tools[choice.tool]], "required"
@@ -355,46 +729,71 @@ class Npc:
         return list(self.tools.values()), "allowed"
 
     async def _run_calls(
-        self, turn: Turn, calls: list[ToolCall], calls_made: int, p: m.RespondParams
+        self, turn: Turn, calls: list[ToolCall], calls_made: int, p: m.RespondParams, shown: dict[str, ToolSpec]
     ) -> list[tuple[Any, str | None]]:
         """Run one step's calls concurrently; results keep call order. Errors become outputs."""
         results: list[tuple[Any, str | None]] = [(None, None)] * len(calls)
         room = p.max_tool_calls - calls_made
+        seen: set[str] = set()
+        problems: list[str | None] = []
+        for i, call in enumerate(calls):
+            problems.append(self._call_problem(call, shown, over_budget=i >= room, duplicate=call.id in seen))
+            seen.add(call.id)
 
         async def one(i: int, call: ToolCall) -> None:
-            results[i] = await self._one_call(turn, call, p.tool_timeout_ms, over_budget=i >= room)
+            results[i] = await self._one_call(turn, call, p.tool_timeout_ms, problems[i])
 
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(calls):
                 nursery.start_soon(one, i, call)
         return results
 
-    async def _one_call(self, turn: Turn, call: ToolCall, timeout_ms: int, over_budget: bool) -> tuple[Any, str | None]:
-        err: str | None = None
-        spec = self.tools.get(call.name)
+    def _call_problem(self, call: ToolCall, shown: dict[str, ToolSpec], over_budget: bool, duplicate: bool) -> str | None:
+        """Why the game must not get this call (the model gets the reason as its output)."""
         if over_budget:
-            err = "tool call budget exceeded for this turn; answer without more tool calls"
-        elif spec is None:
-            err = f"unknown tool {call.name!r}"
-        else:
-            problems = sorted(jsonschema.validators.validator_for(spec.parameters)(spec.parameters).iter_errors(call.arguments), key=str)
-            if problems:
-                err = f"invalid arguments: {problems[0].message}"
-        if err is not None:
-            await self._emit(turn, "turn/toolCallCompleted", call_id=call.id, name=call.name, error=err)
-            return None, err
-        pc = _PendingCall(call)
-        self.pending[call.id] = pc
-        await self._emit(turn, "turn/toolCallRequested", call_id=call.id, name=call.name, arguments=call.arguments, timeout_ms=timeout_ms)
+            return "tool call budget exceeded for this turn; answer without more tool calls"
+        if duplicate or call.id in self.pending:
+            return f"duplicate tool call id {call.id!r}"
+        if call.name not in self.tools:
+            return f"unknown tool {call.name!r}"
+        if call.name not in shown:
+            return f"tool {call.name!r} is not offered on this step; call one of: {', '.join(shown)}"
         try:
-            with trio.move_on_after(timeout_ms / 1000 if timeout_ms > 0 else float("inf")):
+            problem = first_error(self._arg_validators[call.name], call.arguments)
+        except Exception:  # a schema check_schema let through but jsonschema cannot apply
+            log.exception("validating the arguments of %s", call.name)
+            return "invalid arguments: they could not be checked against the tool's schema"
+        return None if problem is None else f"invalid arguments: {problem}"
+
+    async def _one_call(self, turn: Turn, call: ToolCall, timeout_ms: int, problem: str | None) -> tuple[Any, str | None]:
+        if problem is not None:
+            await self._emit(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, error=problem)
+            return None, problem
+        pc = _PendingCall(call)
+        await self._emit(turn, m.ToolCallRequested, call_id=call.id, name=call.name, arguments=call.arguments, timeout_ms=timeout_ms)
+        # Registered right after the request is put (no checkpoint between): the game can only
+        # answer calls it was told about, and every call it was told about ends in exactly one
+        # of toolCallCompleted / toolCallWithdrawn.
+        self.pending[call.id] = pc
+        cancelled = False
+        try:
+            with trio.move_on_after(timeout_ms / 1000 if timeout_ms > 0 else math.inf):
                 await pc.done.wait()
+        except trio.Cancelled:
+            cancelled = True
+            raise
         finally:
-            if not pc.done.is_set():
-                pc.done.set()  # resolved: a late submit is "unknown or already resolved"
-                reason = turn.end_reason if turn.scope.cancel_called else "timeout"
-                with trio.CancelScope(shield=True):
-                    await self._emit(turn, "turn/toolCallWithdrawn", call_id=call.id, name=call.name, reason=reason)
-                pc.error = f"the game did not answer {call.name} within {timeout_ms} ms" if reason == "timeout" else None
-        await self._emit(turn, "turn/toolCallCompleted", call_id=call.id, name=call.name, output=pc.output, error=pc.error)
+            if self.pending.get(call.id) is pc:
+                del self.pending[call.id]
+            if not pc.done.is_set():  # timed out, or cancelled other than by npc.cancel
+                pc.withdrawn = turn.end_reason if cancelled else "timeout"
+                pc.done.set()
+            if pc.withdrawn is not None:
+                self._put(turn, m.ToolCallWithdrawn, call_id=call.id, name=call.name, reason=pc.withdrawn)
+        if pc.withdrawn == "timeout":
+            pc.error = f"the game did not answer {call.name} within {timeout_ms} ms"
+        elif pc.withdrawn is not None:
+            await trio.lowlevel.checkpoint()  # withdrawn by cancel: the turn's scope is cancelled
+            return None, None
+        await self._emit_owed(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=pc.output, error=pc.error)
         return pc.output, pc.error

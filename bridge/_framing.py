@@ -31,7 +31,7 @@ class LineFramer:
         self._buf = bytearray()
         self._discarding = 0  # bytes dropped of the current oversize line, 0 if none
 
-    def feed(self, data: bytes) -> list[bytes | LineTooLong]:
+    def feed(self, data: bytes | bytearray) -> list[bytes | LineTooLong]:
         out: list[bytes | LineTooLong] = []
         start = 0
         while True:
@@ -60,7 +60,7 @@ class LineFramer:
             if line.strip():
                 out.append(line)
 
-    def _take_partial(self, rest: bytes) -> None:
+    def _take_partial(self, rest: bytes | bytearray) -> None:
         if not rest:
             return
         if self._discarding:

@@ -12,10 +12,14 @@ import trio
 
 from . import __version__
 from ._framing import DEFAULT_MAX_LINE_BYTES
-from ._server import Limits, Server
+from ._messages import Limits
+from ._server import Server
 from ._stdio import ClaimedStdio, open_streams
 from .engines import EngineRegistry
 from .engines.scripted import ScriptedEngine
+from .errors import BridgeError
+
+log = logging.getLogger("oam_bridge")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,7 +30,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
     ap.add_argument("--llama-threads", type=int, default=int(os.environ.get("OAM_LLAMA_THREADS", "0")), help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)")
     ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
-    ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES)
+    ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
+    ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
+    ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
+    ap.add_argument("--max-outbound-bytes", type=int, default=Limits().max_outbound_bytes, help="output bytes the game has not read before turns wait")
+    ap.add_argument("--exit-grace-ms", type=int, default=Limits().exit_grace_ms, help="on stdin EOF, exit or a signal, the process is gone within this")
     ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
     ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
@@ -35,7 +43,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
-    scripted = ScriptedEngine.from_file(args.script) if args.script else ScriptedEngine()
+    scripted = _scripted_engine(args.script)
+    limits = Limits(
+        max_line_bytes=args.max_line_bytes,
+        max_npcs=args.max_npcs,
+        max_pending_lines=args.max_pending_lines,
+        max_outbound_bytes=args.max_outbound_bytes,
+        exit_grace_ms=args.exit_grace_ms,
+    )
     llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
     if args.model:
         llama_kwargs["model_path"] = args.model
@@ -44,19 +59,51 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
     if args.llama_threads:
         llama_kwargs["n_threads"] = args.llama_threads
     registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs)
-    server = Server(registry, Limits(max_line_bytes=args.max_line_bytes))
+    server = Server(registry, limits)
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
-    async def on_signals() -> None:
+    async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for _ in signals:
-                logging.getLogger("oam_bridge").info("signal: exiting")
+                if server.state == "closed":  # a second signal: leave at once
+                    log.warning("second signal: exiting now")
+                    _leave(0)
+                log.info("signal: exiting")
                 server.stop()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(on_signals)
+        # The handler is in place before the first line is read, so a signal sent after the
+        # game saw any answer is never lost to the default action.
+        await nursery.start(on_signals)
         await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
         nursery.cancel_scope.cancel()
+
+
+def _scripted_engine(path: str | None) -> ScriptedEngine:
+    """The scripted engine, with ``--script``'s steps; a bad file ends the process with one
+    clear line on stderr (exit status 2), not a traceback."""
+    if path is None:
+        return ScriptedEngine()
+    try:
+        return ScriptedEngine.from_file(path)
+    except OSError as e:
+        problem = f"cannot read it: {e.strerror or e}"
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        problem = f"not valid JSON: {e}"
+    except BridgeError as e:
+        problem = e.message
+    print(f"oam-bridge: --script {path}: {problem}", file=sys.stderr)
+    _leave(2)
+    raise AssertionError("unreachable")
+
+
+def _leave(status: int) -> None:
+    """Exit now: a model thread still generating must not hold the process past the grace
+    period (serve() already wrote what could be written)."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s")
     stdio = ClaimedStdio()
     trio.run(_serve, args, stdio)
+    _leave(0)
     return 0
 
 

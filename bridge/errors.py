@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-from jsonrpcserver import codes as _rpc
-
-PARSE_ERROR = _rpc.ERROR_PARSE_ERROR
-INVALID_REQUEST = _rpc.ERROR_INVALID_REQUEST
-METHOD_NOT_FOUND = _rpc.ERROR_METHOD_NOT_FOUND
-INVALID_PARAMS = _rpc.ERROR_INVALID_PARAMS
-INTERNAL_ERROR = _rpc.ERROR_INTERNAL_ERROR
+# JSON-RPC 2.0's own codes (section 5.1 of the specification).
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
 
 # string code -> (JSON-RPC error code, retryable). Application codes lie outside the
 # reserved range -32768..-32000.
@@ -34,6 +33,7 @@ ERROR_CODES: dict[str, tuple[int, bool]] = {
     "message_too_large": (-31024, False),
     "npc_exists": (-31025, False),
     "shutting_down": (-31026, False),
+    "limit_reached": (-31027, False),
     # JSON-RPC's own, with string codes so every error carries data.code
     "parse_error": (PARSE_ERROR, False),
     "invalid_message": (INVALID_REQUEST, False),

@@ -3,12 +3,17 @@ real ``oam-bridge`` subprocess over pipes (the ``any_client`` fixture)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import trio
 
-from .conftest import DOOR_TOOL, INVENTORY_TOOL, Client, RpcError
+from .conftest import DOOR_TOOL, INVENTORY_TOOL, ROOT, Client, RpcError, _contract_targets
 
 req = pytest.mark.req
+# What any_client is parametrized with, decided (like the fixture's params) at collection.
+TARGETS_AT_COLLECTION = _contract_targets()
 
 
 async def create(c: Client, npc_id: str = "keeper", script: list | None = None, tools: list | None = None, **kw) -> dict:
@@ -55,6 +60,58 @@ async def test_engine_warnings_reach_the_completed_turn_once(any_client: Client)
     await c.call("npc/submit", {"npcId": "keeper", "callId": "c1", "output": 1})
     done = await c.wait_terminal(r["turnId"])
     assert done["params"]["warnings"] == [w, "second"], "each step's warnings, each once, in order"
+
+
+@req("C-CONTRACT-1")
+async def test_calls_on_a_disallowed_step_are_ignored_with_a_warning(any_client: Client) -> None:
+    c = any_client
+    await create(c, script=[{"text": "No tools today.", "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}])
+    tid, done = await c.turn("keeper", "Any ale?", toolChoice="none")
+    assert done["method"] == "turn/completed", done
+    assert done["params"]["text"] == "No tools today." and done["params"]["toolCalls"] == []
+    assert any("disallowed" in w for w in done["params"]["warnings"])
+    assert not [e for e in c.turn_events(tid) if e["method"].startswith("turn/toolCall")]
+    c.assert_well_formed(tid)
+
+
+@req("C-CONTRACT-2")
+async def test_a_required_step_answered_with_text_fails_generation_failed(any_client: Client) -> None:
+    c = any_client
+    await create(c, tools=[INVENTORY_TOOL, DOOR_TOOL], script=[{"text": "I will not."}, {"text": "Nor will I."}])
+    for choice in ("required", {"tool": "open_door"}):
+        tid, done = await c.turn("keeper", "Open up.", toolChoice=choice)
+        assert done["method"] == "turn/failed", done
+        assert done["params"]["error"]["code"] == "generation_failed" and done["params"]["error"]["retryable"] is True
+        assert "without calling a tool" in done["params"]["error"]["message"]
+        c.assert_well_formed(tid)
+    assert (await c.call("npc/transcript", {"npcId": "keeper"}))["turns"] == []
+
+
+@req("C-CONTRACT-3")
+async def test_a_call_to_a_tool_not_shown_gets_an_error_output_and_the_turn_goes_on(any_client: Client) -> None:
+    c = any_client
+    calls = [{"id": "a", "name": "check_inventory", "arguments": {"item": "ale"}}, {"id": "b", "name": "fly", "arguments": {}}]
+    await create(c, tools=[INVENTORY_TOOL, DOOR_TOOL], script=[{"toolCalls": calls}, {"text": "The door stays shut."}])
+    tid, done = await c.turn("keeper", "Open the north door.", toolChoice={"tool": "open_door"})
+    assert done["method"] == "turn/completed", done
+    assert done["params"]["text"] == "The door stays shut."
+    errors = {t["callId"]: t["error"] for t in done["params"]["toolCalls"]}
+    assert "not offered on this step" in errors["a"] and "unknown tool" in errors["b"]
+    assert not [e for e in c.turn_events(tid) if e["method"] == "turn/toolCallRequested"], "the game never sees them"
+    t = await c.call("npc/transcript", {"npcId": "keeper"})
+    assert [(m["toolCallId"], m.get("isError")) for m in t["turns"][0] if m["role"] == "tool"] == [("a", True), ("b", True)]
+    c.assert_well_formed(tid)
+
+
+def test_the_native_target_is_not_dropped_where_it_can_be_built() -> None:
+    """any_client's targets are fixed when pytest collects; the native one used to vanish,
+    silently, when the Swift library was not built by then. Where it can be built (a Swift
+    toolchain and native/Package.swift) or under CI, its absence is a failure."""
+    buildable = shutil.which("swift") is not None and os.path.exists(os.path.join(ROOT, "native", "Package.swift"))
+    if buildable or os.environ.get("CI") == "true":
+        assert "native-subprocess" in TARGETS_AT_COLLECTION, "the native library was not built before the tests: run `make native` (or `make test`)"
+    else:
+        assert TARGETS_AT_COLLECTION[:2] == ["memory", "subprocess"]
 
 
 @req("T-TOOL-2")

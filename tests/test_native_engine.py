@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -59,9 +58,15 @@ async def collect(engine, request):
     return [c async for c in engine.stream_step(request)]
 
 
-def test_header_is_the_cdef_source():
+def test_header_is_the_cdef_source_and_the_packaged_copy_matches_it():
     cdef = native.read_cdef()
     assert "oam_step_pull" in cdef and "oam_batch" in cdef and "#" not in cdef and 'extern "C"' not in cdef
+    from bridge.engines import _native_cdef
+
+    assert _native_cdef.CDEF == cdef, (
+        "bridge/engines/_native_cdef.py differs from native/include/oam_native.h: run python -m bridge.engines.native"
+    )
+    assert native.CDEF_MODULE.read_text() == native.cdef_module_text(cdef)
     ffi, lib = native.load()
     assert lib.oam_abi_version() == native.ABI_VERSION == 2
     assert (lib.OAM_EVENT_TEXT, lib.OAM_EVENT_TOOL_CALLS, lib.OAM_EVENT_DONE, lib.OAM_EVENT_ERROR) == (1, 2, 3, 4)
@@ -151,11 +156,20 @@ async def test_error_codes(code):
 
 
 @pytest.mark.trio
-async def test_tool_calls_refused_when_disallowed_and_bad_config():
+async def test_tool_calls_on_a_disallowed_step_are_reported_as_made():
+    # The engine says what the model did; the agent decides (it ignores such calls with a
+    # warning). The request's tools go to the library as given.
     e = native.NativeEngine(script=[{"toolCalls": [{"name": "x"}]}])
-    with pytest.raises(BridgeError) as ei:
-        await collect(e, req(mode="disallowed", tools=[]))
-    assert ei.value.code == "invalid_request"
+    chunks = await collect(e, req(mode="disallowed", tools=[]))
+    assert isinstance(chunks[0], ToolCallsChunk) and chunks[0].calls[0].name == "x"
+    assert isinstance(chunks[-1], StepDone) and chunks[-1].finish_reason == "tool_calls"
+    import json
+
+    shown = json.loads(native._request_json(req(mode="disallowed", tools=[ToolSpec("open_gate")])))
+    assert [t["name"] for t in shown["tools"]] == ["open_gate"] and shown["toolMode"] == "disallowed"
+
+
+def test_an_unknown_backend_is_refused():
     with pytest.raises(BridgeError) as ei:
         native.NativeEngine(backend="nope")
     assert ei.value.code == "invalid_request"
@@ -163,16 +177,16 @@ async def test_tool_calls_refused_when_disallowed_and_bad_config():
 
 @pytest.mark.trio
 async def test_cancel_mid_step():
+    # How fast a cancel reaches the step is measured in bench/bench_native.py.
     e = native.NativeEngine(script=[{"text": "one two three four five six seven eight", "chunkMs": 200}])
     got: list[str] = []
-    t0 = time.monotonic()
-    with trio.move_on_after(0.5):
-        async for c in e.stream_step(req()):
-            if isinstance(c, TextChunk):
-                got.append(c.delta)
-    elapsed = time.monotonic() - t0
-    assert 1 <= len(got) <= 3
-    assert elapsed < 0.5 + 0.2, elapsed  # cancel reached the native step within ~one poll
+    with trio.fail_after(30):
+        with trio.CancelScope() as scope:
+            async for c in e.stream_step(req()):
+                if isinstance(c, TextChunk):
+                    got.append(c.delta)
+                    scope.cancel()  # cancelled while the step is waiting in its next pull
+    assert scope.cancelled_caught and got == ["one "]
     # the engine is still usable; the script is exhausted, so the next step echoes
     chunks = await collect(e, req("again"))
     assert "".join(c.delta for c in chunks if isinstance(c, TextChunk)) == "You said: again"
@@ -185,12 +199,11 @@ def test_native_cancel_wakes_blocked_pull():
     out = ffi.new("oam_batch **")
     assert lib.oam_step_pull(step, 0, out) == 0 and out[0].count == 0  # never waits
     threading.Timer(0.1, lib.oam_step_cancel, (step,)).start()
-    t0 = time.monotonic()
-    assert lib.oam_step_pull(step, -1, out) == 1
+    assert lib.oam_step_pull(step, -1, out) == 1  # woken by the cancel: the script would say "slow"
     b = out[0]
     assert b.count == 1 and b.text_count == 0 and ffi.unpack(b.kinds, 1) == [lib.OAM_EVENT_ERROR]
     ev = ffi.unpack(b.data, b.size).decode()
-    assert '"cancelled"' in ev and time.monotonic() - t0 < 1.0
+    assert '"cancelled"' in ev
     assert lib.oam_step_pull(step, 10, out) == -1 and out[0].count == 0
     lib.oam_engine_destroy(eng)  # engine destroyed before the step: still safe
     lib.oam_step_free(step)
@@ -249,6 +262,31 @@ async def test_many_concurrent_steps():
         texts = sorted(results[(i, j)] for j in range(4))
         assert f"npc {i} says hello there" in texts  # exactly one step got the script
         assert sum(t.startswith("You said:") for t in texts) == 3
+
+
+@pytest.mark.trio
+async def test_count_tokens_from_threads_while_steps_stream():
+    # blocking_count: the agent counts in worker threads, beside running steps.
+    e = native.NativeEngine(script=[{"text": "la " * 200, "chunkMs": 1}])
+    assert e.blocking_count is True
+    prompts = [[Message("user", "x" * (40 * i))] for i in range(1, 9)]
+    expected = [e.count_tokens("", p, []) for p in prompts]
+    e._counts.clear()
+    counts: list[int] = []
+
+    async def count(p: list[Message]) -> None:
+        counts.append(await trio.to_thread.run_sync(e.count_tokens, "", p, []))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            n.start_soon(collect, e, req())
+            for p in prompts:
+                n.start_soon(count, p)
+    assert sorted(counts) == expected == sorted(set(expected))
+    await e.aclose()
+    with pytest.raises(BridgeError) as ei:
+        e.count_tokens("", prompts[0], [])
+    assert ei.value.code == "model_unavailable"
 
 
 def test_many_os_threads_raw_abi():
@@ -326,3 +364,15 @@ def test_schema_property_order_crosses_the_abi_as_x_order():
     assert out["schema"]["properties"]["choice"]["x-order"] == ["z", "a"]
     assert out["tools"][0]["parameters"]["x-order"] == ["b", "a"]
     assert "x-order" not in schema, "the caller's schema is not modified"
+
+
+def test_every_bridge_package_and_the_generated_cdef_ship_in_the_wheel():
+    # A non-editable install has no source tree: every package must be listed for
+    # setuptools, and the cdef must be a module of the package (not read from native/).
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "bridge").rglob("__init__.py")}
+    assert found == listed, f"packages missing from pyproject.toml: {found - listed}, listed but absent: {listed - found}"
+    assert (root / "bridge" / "engines" / "_native_cdef.py").is_file()

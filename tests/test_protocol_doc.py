@@ -63,3 +63,18 @@ def test_every_error_code_is_in_the_table_with_its_number_and_retryable_flag() -
 def test_no_section_documents_a_method_or_event_that_does_not_exist() -> None:
     names = set(re.findall(r"^### `([^`]+)`", DOC, re.M))
     assert names == set(m.PARAMS) | set(m.EVENTS)
+
+
+def test_every_result_example_matches_the_result_type() -> None:
+    for method, typ in m.RESULTS.items():
+        text = section(method)
+        examples = [json.loads(x) for x in re.findall(r"^(\{.*\})$", text, re.M)]
+        replies = [e for e in examples if "result" in e]
+        if typ is None:
+            assert all(e["result"] is None for e in replies), f"{method}: its result is null"
+            continue
+        assert replies, f"{method}: no example response"
+        for e in replies:
+            value = msgspec.convert(e["result"], typ)  # valid against the type
+            assert set(e["result"]) == wire_fields(typ), f"{method}: the example's fields differ from the type's"
+            assert msgspec.to_builtins(value) == e["result"], f"{method}: the example does not round-trip"

@@ -39,12 +39,15 @@ async def test_named_tool_narrows_the_first_step_to_that_tool(client: Client, en
     assert (second.tool_mode, [t.name for t in second.tools]) == ("allowed", ["check_inventory", "open_door"])
 
 
-async def test_none_hides_the_tools_from_the_model(client: Client, engine: ScriptedEngine) -> None:
-    await setup(client, engine, [{"text": "hi"}])
-    _, done = await client.turn("n", "?", toolChoice="none")
+async def test_none_hides_the_tools_from_the_model_and_ignores_its_calls(client: Client, engine: ScriptedEngine) -> None:
+    await setup(client, engine, [{"text": "hi", "toolCalls": [call("c0")]}])
+    tid, done = await client.turn("n", "?", toolChoice="none")
     (q,) = engine.requests
     assert q.tool_mode == "disallowed" and q.tools == []
-    assert "check_inventory" not in q.instructions
+    assert q.instructions == "Be brief.", "the instructions do not list the tools either"
+    assert done["method"] == "turn/completed" and done["params"]["text"] == "hi"
+    assert done["params"]["toolCalls"] == [] and any("disallowed" in w for w in done["params"]["warnings"])
+    assert not [e for e in client.turn_events(tid) if e["method"].startswith("turn/toolCall")], "the game never sees the call"
 
 
 async def test_spent_round_budget_disallows_and_hides_tools(client: Client, engine: ScriptedEngine) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import hypothesis.strategies as st
+import trio
 from hypothesis import given, settings
 
 from bridge import Server
 from bridge._framing import LineFramer, LineTooLong
+from bridge._protocol import encode_line
 
 
 def test_framer_splits_lines_tolerates_crlf_and_skips_blanks() -> None:
@@ -33,8 +35,13 @@ def test_framer_reports_a_last_line_without_newline_at_eof() -> None:
     assert f.eof() == [b"abc"]
 
 
+def handle(server: Server, line: bytes) -> bytes | None:
+    """The protocol without I/O: one line in, the response line out."""
+    return trio.run(server.handle_line, line)
+
+
 def rpc(server: Server, obj: object) -> object:
-    out = server.handle_line(json.dumps(obj).encode())
+    out = handle(server, json.dumps(obj).encode())
     return None if out is None else json.loads(out)
 
 
@@ -50,7 +57,7 @@ def test_requests_before_initialize_get_not_initialized() -> None:
 
 
 def test_parse_error_has_null_id() -> None:
-    out = json.loads(ready().handle_line(b'{"jsonrpc": "2.0", "method"'))
+    out = json.loads(handle(ready(), b'{"jsonrpc": "2.0", "method"'))
     assert out == {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": out["error"]["message"], "data": {"code": "parse_error", "retryable": False, "reason": "parse_error"}}}
 
 
@@ -65,7 +72,7 @@ def test_batch_cases_from_the_specification() -> None:
     r = rpc(s, [{"jsonrpc": "2.0", "id": "a", "method": "npc/list"}, {"jsonrpc": "2.0", "method": "npc/list"}, {"foo": "boo"}, {"jsonrpc": "2.0", "id": "b", "method": "nope"}])
     assert [x.get("id") for x in r] == ["a", None, "b"]
     assert "result" in r[0] and r[1]["error"]["code"] == -32600 and r[2]["error"]["code"] == -32601
-    out = s.handle_line(b'[{"jsonrpc": "2.0", "method": "sum", "params": [1,2,4], "id": "1"},{"jsonrpc": "2.0", "method"]')
+    out = handle(s, b'[{"jsonrpc": "2.0", "method": "sum", "params": [1,2,4], "id": "1"},{"jsonrpc": "2.0", "method"]')
     assert json.loads(out)["error"]["code"] == -32700  # invalid JSON batch: one parse error
 
 
@@ -83,9 +90,9 @@ def test_envelope_checks() -> None:
 def test_deep_nesting_is_refused() -> None:
     s = ready()
     deep = b'{"jsonrpc":"2.0","id":1,"method":"npc/list","params":{"a":' + b"[" * 200 + b"]" * 200 + b"}}"
-    assert json.loads(s.handle_line(deep))["error"]["data"]["reason"] == "too_deep"
+    assert json.loads(handle(s, deep))["error"]["data"]["reason"] == "too_deep"
     deeper = b"[" * 100_000 + b"]" * 100_000
-    assert json.loads(s.handle_line(deeper))["error"]["data"]["reason"] == "too_deep"
+    assert json.loads(handle(s, deeper))["error"]["data"]["reason"] == "too_deep"
 
 
 def test_initialize_twice_and_wrong_types() -> None:
@@ -121,7 +128,7 @@ async def test_whole_number_floats_reach_integer_options(client) -> None:  # typ
 def test_random_bytes_never_crash_and_always_answer_once(data: bytes) -> None:
     s = ready()
     for line in data.split(b"\n"):
-        out = s.handle_line(line)
+        out = handle(s, line)
         if out is not None:
             assert out.endswith(b"\n") and out.count(b"\n") == 1
             json.loads(out)
@@ -141,7 +148,7 @@ messages = st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "id": ids, "method"
 @given(st.lists(messages, min_size=1, max_size=5))
 def test_random_requests_get_exactly_one_response_each(batch: list[dict]) -> None:
     s = Server()
-    s._nursery = _NoNursery()  # npc/create may start a worker; nothing runs here
+    s.service.attach(_NoNursery())  # type: ignore[arg-type]  # npc/create may start a worker; nothing runs here
     r = rpc(s, batch)
     assert isinstance(r, list) and len(r) == len(batch)
     assert [x["id"] for x in r] == [m["id"] for m in batch]
@@ -154,3 +161,16 @@ def test_random_requests_get_exactly_one_response_each(batch: list[dict]) -> Non
 class _NoNursery:
     def start_soon(self, *a: object) -> None:
         pass
+
+
+def test_unicode_line_breaks_are_escaped_on_the_wire() -> None:
+    # REQ wire-linebreaks: readers that split on U+2028, U+2029 or U+0085 still see one line
+    line = encode_line({"text": "a\u2028b\u2029c\u0085d"})
+    assert line.count(b"\n") == 1 and len(line.decode().splitlines()) == 1
+    assert json.loads(line) == {"text": "a\u2028b\u2029c\u0085d"}
+
+
+def test_unsupported_protocol_version_is_refused_with_the_supported_list() -> None:
+    r = rpc(Server(), {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 7}})
+    assert r["error"]["data"]["code"] == "invalid_params"
+    assert r["error"]["data"]["reason"] == "unsupported_protocol_version" and r["error"]["data"]["supported"] == [1]

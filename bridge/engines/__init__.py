@@ -114,12 +114,12 @@ class EngineRegistry:
         mod_name, cls_name = _OPTIONAL[name]
         cls = getattr(importlib.import_module(mod_name), cls_name)
         try:
-            eng = cls(**kwargs)
+            started: Engine = cls(**kwargs)
         except Exception as e:
             log.exception("engine %s failed to start", key)
             raise BridgeError("model_unavailable", f"engine {name!r} failed to start: {e}", engine=name) from None
-        self._engines[key] = eng
-        return eng
+        self._engines[key] = started
+        return started
 
     async def start(self, name: str = "auto", model: str | None = None) -> None:
         """Start the engine ``get(name, model)`` would return, in a worker thread: loading

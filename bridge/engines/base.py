@@ -8,17 +8,27 @@ Contract:
 - ``stream_step`` is an async generator run on the trio thread. Blocking work (a model
   forward pass) must go to a worker thread; cancellation of the calling task must reach
   that work within a token or two.
-- On a step whose ``tool_mode`` is ``"disallowed"`` the request carries no tools and the
-  engine must not produce tool calls. With ``"required"`` it must produce at least one call
-  of one of ``tools``.
-- With ``schema`` set and no tool calls, the text produced is the JSON answer.
-- Errors are raised as ``bridge.errors.BridgeError`` with a stable code.
+- The engine uses ``request.tools`` and ``request.tool_mode`` as given and never re-filters
+  them: a ``"disallowed"`` step carries no tools, a named tool choice carries only that tool.
+  What the model does with them is judged once, in ``bridge._agent`` (the same for every
+  engine): calls on a disallowed step are ignored with a warning; a ``"required"`` step
+  answered without a call fails ``generation_failed``; a call to a tool not in
+  ``request.tools`` becomes an error output the model sees. An engine need not enforce any of
+  this itself (a grammar that does is welcome).
+- With ``schema`` set and no tool calls, the text produced is the JSON answer; when it was
+  cut off by ``max_tokens`` the step ends with finish reason ``"length"``.
+- Errors are raised as ``bridge.errors.BridgeError`` with a stable code; any other exception
+  is a bug (reported as ``internal_error``).
+- ``count_tokens`` may be slow (a tokenizer): the agent calls it in a worker thread unless
+  the engine sets ``blocking_count = False``, so it must be safe to call from a thread while
+  the engine streams a step. The agent counts messages in batches and adds the counts up
+  (see ``bridge._agent.Npc``), so a count should be close to additive over messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
@@ -50,11 +60,20 @@ class Message(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     is_error: bool = False
 
 
+# Bounds on what a game may ask for: past them a value is a mistake, refused as invalid_params
+# when the options are decoded instead of overflowing inside an engine.
+MAX_MAX_TOKENS = 1_000_000
+MaxTokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_MAX_TOKENS)]  # 0: the engine's default
+Seed = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]  # what llama.cpp takes (uint32)
+Temperature = Annotated[float, msgspec.Meta(ge=0, le=100)]
+TopP = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
 class GenerationOptions(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
-    temperature: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    top_p: float | None = None
+    temperature: Temperature | None = None
+    max_tokens: MaxTokens | None = None
+    seed: Seed | None = None
+    top_p: TopP | None = None
 
 
 class StepRequest(msgspec.Struct, frozen=True):
@@ -108,6 +127,9 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
 
 class Engine(Protocol):
     name: str
+    # False when count_tokens is cheap enough for the event loop (the scripted engine);
+    # otherwise the agent calls it in a worker thread. Read with getattr(..., True).
+    blocking_count: bool
 
     @property
     def context_size(self) -> int: ...

@@ -1,8 +1,13 @@
 """NativeEngine: the Swift library libOamNative (native/) through cffi ABI mode.
 
-The C declarations are read from native/include/oam_native.h (between the
-OAM_CDEF_BEGIN/END markers, preprocessor lines stripped): the header is the single
-source of the ABI. The library runs one model step; the agent loop stays in Python.
+The C declarations come from native/include/oam_native.h, the single source of the ABI:
+the region between its OAM_CDEF_BEGIN/END markers (preprocessor lines stripped) is
+generated into ``bridge/engines/_native_cdef.py`` (``python -m bridge.engines.native``
+rewrites it; a test fails when the two differ), so an installed package needs no source
+tree. The library is found at ``$OAM_NATIVE_LIB``, else in the source tree's
+``native/.build`` when the package runs from a checkout.
+
+The library runs one model step; the agent loop stays in Python.
 Events cross the ABI in batches (ABI 2, oam_step_pull): one pull hands over every queued
 event in library-owned buffers: text deltas as raw UTF-8, back to back, with end offsets
 in bytes and in code points; JSON only for toolCalls/done/error. A batch is decoded with
@@ -15,8 +20,11 @@ step within one timeout (oam_step_cancel).
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import sys
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,7 @@ from typing import Any
 import msgspec
 import trio
 
+from bridge.engines._native_cdef import CDEF
 from bridge.engines.base import (
     Chunk,
     EngineInfo,
@@ -38,22 +47,38 @@ from bridge.engines.base import (
 )
 from bridge.errors import ERROR_CODES, BridgeError
 
+# Only meaningful in a source checkout (the package sits beside native/).
 _NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
 HEADER_PATH = _NATIVE_DIR / "include" / "oam_native.h"
+CDEF_MODULE = Path(__file__).resolve().with_name("_native_cdef.py")
 POLL_MS = 50
 ABI_VERSION = 2
 EV_TEXT, EV_TOOL_CALLS, EV_DONE, EV_ERROR = 1, 2, 3, 4  # oam_event_kind
+COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
 
 _lock = threading.Lock()
 _loaded: tuple[Any, Any] | None = None
 
 
 def read_cdef(header: Path = HEADER_PATH) -> str:
-    """The declarations between the OAM_CDEF markers, with preprocessor lines removed."""
+    """The declarations between the OAM_CDEF markers of ``header``, with preprocessor lines
+    removed (what ``_native_cdef.CDEF`` must equal)."""
     text = header.read_text()
     begin, end = "/* OAM_CDEF_BEGIN */", "/* OAM_CDEF_END */"
     body = text[text.index(begin) + len(begin) : text.index(end)]
     return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("#"))
+
+
+def cdef_module_text(cdef: str) -> str:
+    """The source of ``_native_cdef.py`` for ``cdef``."""
+    if '"""' in cdef or "\\" in cdef:
+        raise ValueError("the cdef region must not contain triple quotes or backslashes")
+    return (
+        '"""Generated from native/include/oam_native.h (its OAM_CDEF region) by\n'
+        "``python -m bridge.engines.native``; do not edit. tests/test_native_engine.py fails\n"
+        'when this copy and the header differ."""\n\n'
+        f'CDEF = """{cdef}"""\n'
+    )
 
 
 def find_library() -> Path | None:
@@ -78,8 +103,8 @@ def load() -> tuple[Any, Any]:
             if path is None:
                 raise BridgeError("model_unavailable", "libOamNative not found (set OAM_NATIVE_LIB or build native/)")
             ffi = cffi.FFI()
-            ffi.cdef(read_cdef())
-            lib = ffi.dlopen(str(path))
+            ffi.cdef(CDEF)
+            lib: Any = ffi.dlopen(str(path))
             if lib.oam_abi_version() != ABI_VERSION:
                 raise BridgeError(
                     "model_unavailable", f"libOamNative ABI {lib.oam_abi_version()} != {ABI_VERSION} (rebuild native/)"
@@ -103,7 +128,8 @@ def _take_string(ffi: Any, lib: Any, p: Any) -> str | None:
     if p == ffi.NULL:
         return None
     try:
-        return ffi.string(p).decode("utf-8")
+        raw: bytes = ffi.string(p)
+        return raw.decode("utf-8")
     finally:
         lib.oam_string_free(p)
 
@@ -134,13 +160,14 @@ def _with_property_order(schema: Any) -> Any:
 
 
 def _request_json(request: StepRequest) -> bytes:
-    tools = request.tools if request.tool_mode != "disallowed" else []
+    """The StepRequest JSON of the ABI. Tools and tool mode go as given: the library
+    reports what the model did, and the agent decides what it means."""
     return _enc.encode(
         {
             "npcId": request.npc_id,
             "instructions": request.instructions,
             "messages": request.messages,
-            "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in tools],
+            "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in request.tools],
             "toolMode": request.tool_mode,
             "schema": _with_property_order(request.schema),
             "options": request.options,
@@ -150,7 +177,14 @@ def _request_json(request: StepRequest) -> bytes:
 
 
 class NativeEngine:
+    """Thread-safety: ``count_tokens`` may run on any thread, also while steps stream
+    (``blocking_count``: the agent calls it in a worker thread; the library's count reads
+    only the request and immutable engine state). ``aclose`` on the trio thread releases
+    the engine handle only once no count is in flight (the last count releases it
+    otherwise). Every other method runs on the trio thread."""
+
     name = "native"
+    blocking_count = True
 
     def __init__(self, backend: str = "scripted", script: list[dict[str, Any]] | None = None, **config: Any) -> None:
         self._ffi, self._lib = load()
@@ -166,6 +200,10 @@ class NativeEngine:
         self._config = cfg
         self._npc_handles: dict[str, Any] = {}  # per-NPC scripted models (npc/create's script)
         self._closed = False
+        self._guard = threading.Lock()  # _closed, _counts_in_flight, _released, _counts
+        self._counts_in_flight = 0
+        self._released = False
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
         raw = _take_string(self._ffi, self._lib, self._lib.oam_engine_info(self._h)) or "{}"
         self._info: dict[str, Any] = msgspec.json.decode(raw)
 
@@ -187,13 +225,33 @@ class NativeEngine:
             raise BridgeError("model_unavailable", "engine closed")
 
     def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
-        self._check()
-        n = self._lib.oam_count_tokens(
-            self._h, _enc.encode({"instructions": instructions, "messages": messages, "tools": tools})
-        )
+        """The library's count (an estimate on the scripted backend); any thread. The last
+        ``COUNT_CACHE_SIZE`` prompts' counts are remembered."""
+        body = _enc.encode({"instructions": instructions, "messages": messages, "tools": tools})
+        with self._guard:
+            if self._closed:
+                raise BridgeError("model_unavailable", "engine closed")
+            key = hashlib.blake2b(body, digest_size=16).digest()  # prompts can be megabytes
+            hit = self._counts.get(key)
+            if hit is not None:
+                self._counts.move_to_end(key)
+                return hit
+            self._counts_in_flight += 1
+        try:
+            n = int(self._lib.oam_count_tokens(self._h, body))
+        finally:
+            with self._guard:
+                self._counts_in_flight -= 1
+                release = self._closed and not self._counts_in_flight
+            if release:
+                self._release()
         if n < 0:
             raise BridgeError("invalid_request", "oam_count_tokens rejected the request")
-        return int(n)
+        with self._guard:
+            self._counts[key] = n
+            if len(self._counts) > COUNT_CACHE_SIZE:
+                self._counts.popitem(last=False)
+        return n
 
     def set_script(self, npc_id: str, steps: list[Any]) -> None:
         """Give one NPC its own scripted model behind the same ABI."""
@@ -296,10 +354,33 @@ class NativeEngine:
         if h is not None:
             self._ffi.release(h)
 
+    def _release(self) -> None:
+        """Destroys the engine handle exactly once."""
+        with self._guard:
+            if self._released:
+                return
+            self._released = True
+        self._ffi.release(self._h)
+
     async def aclose(self) -> None:
-        if not self._closed:
+        with self._guard:
+            if self._closed:
+                return
             self._closed = True
-            for h in self._npc_handles.values():
-                self._ffi.release(h)
-            self._npc_handles.clear()
-            self._ffi.release(self._h)
+            self._counts.clear()
+            idle = not self._counts_in_flight
+        for h in self._npc_handles.values():
+            self._ffi.release(h)
+        self._npc_handles.clear()
+        if idle:
+            self._release()
+
+
+def _write_cdef_module() -> None:
+    """``python -m bridge.engines.native``: regenerate ``_native_cdef.py`` from the header."""
+    CDEF_MODULE.write_text(cdef_module_text(read_cdef()))
+    print(f"wrote {CDEF_MODULE.name} from {HEADER_PATH.name}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    _write_cdef_module()

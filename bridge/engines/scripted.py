@@ -11,6 +11,13 @@ A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> 
 
 When an NPC's script runs out the engine echoes the last user message, so a bridge started
 without a script still answers.
+
+Steps given as data are checked when they are set (``validate_script``): anything else is
+``invalid_params`` with ``data.reason`` ``"invalid_script"``, at the request that carried it.
+The engine plays what the script says whatever the step's ``tool_mode``: judging a call on a
+disallowed step, or a missing one on a required step, is the agent's job (``bridge._agent``).
+It keeps the last ``max_requests`` step requests (``requests``, for tests) and forgets an
+NPC's script, cursor and requests in ``forget``.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import json
 import math
 import re
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 import trio
@@ -42,26 +50,81 @@ from .base import (
 
 Step = Union[dict[str, Any], Callable[[StepRequest], dict[str, Any]]]
 _WORDS = re.compile(r"\S+\s*|\s+")
+MAX_DELAY_MS = 86_400_000  # a day, like toolTimeoutMs
+_DelayMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_MS)]
+
+
+class _ScriptedCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    id: str | None = None
+    arguments: dict[str, Any] = {}
+
+
+class _ScriptedStep(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """The shape of one step given as data (checked, then played from the dict itself)."""
+
+    text: str = ""
+    tool_calls: list[_ScriptedCall] | None = None
+    json: Any = None
+    error: str | None = None
+    message: str | None = None
+    delay_ms: _DelayMs = 0
+    chunk_ms: _DelayMs = 0
+    warnings: list[str] = []
+    finish_reason: str = "stop"
+
+
+def validate_script(steps: Any, what: str = "script") -> None:
+    """Raise ``invalid_params`` (``reason="invalid_script"``) unless ``steps`` is a list of
+    valid steps. Callables (Python tests) are taken as they are."""
+    if not isinstance(steps, list):
+        raise BridgeError("invalid_params", f"{what} must be a list of steps", reason="invalid_script")
+    for i, step in enumerate(steps):
+        if callable(step):
+            continue
+        if not isinstance(step, dict):
+            raise BridgeError("invalid_params", f"{what} step {i} must be an object, not {type(step).__name__}", reason="invalid_script", step=i)
+        try:
+            msgspec.convert(step, _ScriptedStep)
+        except msgspec.ValidationError as e:
+            raise BridgeError("invalid_params", f"{what} step {i}: {e}", reason="invalid_script", step=i) from None
 
 
 def _count(text: str) -> int:
     return len(text.split())
 
 
+def _count_prompt(instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
+    """Words, plus a fixed overhead per message and per tool: additive over messages."""
+    n = _count(instructions) + 4
+    for m in messages:
+        n += 4 + _count(m.content)
+        for c in m.tool_calls:
+            n += 4 + len(json.dumps(c.arguments)) // 4
+    for t in tools:
+        n += 8 + _count(t.description) + len(json.dumps(t.parameters)) // 4
+    return n
+
+
 class ScriptedEngine:
     name = "scripted"
+    blocking_count = False  # a word count: cheap enough for the event loop
 
     def __init__(
         self,
         script: list[Step] | None = None,
         npc_scripts: dict[str, list[Step]] | None = None,
         context_size: int = 4096,
+        max_requests: int = 256,
     ) -> None:
+        validate_script(list(script or []))
+        for npc_id, steps in (npc_scripts or {}).items():
+            validate_script(steps, f"script of npc {npc_id!r}")
         self._default = list(script or [])
         self._npc_scripts = {k: list(v) for k, v in (npc_scripts or {}).items()}
         self._cursor: dict[str, int] = {}
         self._context_size = context_size
-        self.requests: list[StepRequest] = []
+        self.requests: deque[StepRequest] = deque(maxlen=max_requests)  # the latest, for tests
 
     @classmethod
     def from_file(cls, path: str) -> ScriptedEngine:
@@ -69,11 +132,15 @@ class ScriptedEngine:
             data = json.load(f)
         if isinstance(data, list):
             return cls(script=data)
-        return cls(
-            script=data.get("default", []),
-            npc_scripts=data.get("npcs", {}),
-            context_size=data.get("contextSize", 4096),
-        )
+        if not isinstance(data, dict):
+            raise BridgeError("invalid_params", f"{path}: a script file is a list of steps or an object", reason="invalid_script")
+        npcs = data.get("npcs", {})
+        size = data.get("contextSize", 4096)
+        if not isinstance(npcs, dict):
+            raise BridgeError("invalid_params", f"{path}: npcs must map npc ids to steps", reason="invalid_script")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise BridgeError("invalid_params", f"{path}: contextSize must be a positive integer", reason="invalid_script")
+        return cls(script=data.get("default", []), npc_scripts=npcs, context_size=size)
 
     @property
     def context_size(self) -> int:
@@ -87,22 +154,24 @@ class ScriptedEngine:
             features=["tools", "streaming", "schema", "deterministic"],
         )
 
+    validate_script = staticmethod(validate_script)
+
     def set_script(self, npc_id: str, steps: list[Step]) -> None:
+        validate_script(steps)
         self._npc_scripts[npc_id] = list(steps)
         self._cursor.pop(npc_id, None)
 
     def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
-        n = _count(instructions) + 4
-        for m in messages:
-            n += 4 + _count(m.content)
-            for c in m.tool_calls:
-                n += 4 + len(json.dumps(c.arguments)) // 4
-        for t in tools:
-            n += 8 + _count(t.description) + len(json.dumps(t.parameters)) // 4
-        return n
+        return _count_prompt(instructions, messages, tools)
 
     def forget(self, npc_id: str) -> None:
-        pass
+        """Drop the NPC's script, its place in the default script and its kept requests."""
+        self._npc_scripts.pop(npc_id, None)
+        self._cursor.pop(npc_id, None)
+        if any(r.npc_id == npc_id for r in self.requests):
+            kept = [r for r in self.requests if r.npc_id != npc_id]
+            self.requests.clear()
+            self.requests.extend(kept)
 
     async def aclose(self) -> None:
         pass
@@ -126,7 +195,7 @@ class ScriptedEngine:
         if step.get("delayMs"):
             await trio.sleep(step["delayMs"] / 1000)
         chunk_s = step.get("chunkMs", 0) / 1000
-        usage = Usage(input_tokens=self.count_tokens(request.instructions, request.messages, request.tools))
+        usage = Usage(input_tokens=_count_prompt(request.instructions, request.messages, request.tools))
         if "error" in step:
             code = step["error"]
             if code not in ERROR_CODES:

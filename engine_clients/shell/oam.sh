@@ -13,6 +13,9 @@
 #
 # State (request id counter, queued events) lives in files under $OAM_DIR, so the functions
 # also work inside $(...) subshells. Events that arrive while oam_request waits are queued.
+# A relative bridge command resolves against the current directory. When the bridge is gone
+# (it exited, or never started), calls return 1 and say so on stderr with the end of the
+# bridge's stderr; they never kill the calling shell.
 
 OAM_TIMEOUT=${OAM_TIMEOUT:-30}
 
@@ -20,6 +23,11 @@ oam_start() {
     command -v jq >/dev/null || { echo "oam.sh: jq is required" >&2; return 1; }
     local cmd
     if [ $# -gt 0 ]; then cmd="$*"; else cmd=${OAM_BRIDGE_CMD:?set OAM_BRIDGE_CMD or pass a command}; fi
+    local argv; read -r -a argv <<<"$cmd"
+    command -v "${argv[0]:-}" >/dev/null || {
+        echo "oam.sh: bridge command not found: ${argv[0]:-} (from $PWD; use an absolute path or cd first)" >&2
+        return 1
+    }
     OAM_DIR=$(mktemp -d "${TMPDIR:-/tmp}/oam.XXXXXX")
     : >"$OAM_DIR/events"; echo 0 >"$OAM_DIR/id"
     # shellcheck disable=SC2086
@@ -30,7 +38,22 @@ oam_start() {
     export OAM_DIR
 }
 
-_oam_send() { printf '%s\n' "$1" >&"$OAM_TO"; }
+# Say on stderr that the bridge is gone, with the end of its stderr.
+_oam_gone() {
+    if [ -s "$OAM_DIR/stderr" ]; then
+        echo "oam.sh: $1: the bridge is not running; the end of its stderr:" >&2
+        tail -n 5 "$OAM_DIR/stderr" | sed 's/^/  /' >&2
+    else
+        echo "oam.sh: $1: the bridge is not running (its stderr is empty)" >&2
+    fi
+}
+
+# The write runs in a subshell that ignores SIGPIPE: writing to a bridge that has exited then
+# fails with EPIPE instead of killing the caller's shell (silently, exit status 141).
+_oam_send() {
+    [ -n "${OAM_TO:-}" ] || { echo "oam.sh: no bridge: call oam_start first" >&2; return 1; }
+    ( trap '' PIPE; printf '%s\n' "$1" >&"$OAM_TO" ) 2>/dev/null || { _oam_gone "cannot send"; return 1; }
+}
 
 # read one line from the bridge into _OAM_LINE; 1 = timeout, 2 = EOF
 _oam_read() {
@@ -51,12 +74,22 @@ oam_notify() {
 }
 
 oam_request() {
-    local method=$1 params=${2:-'{}'} id kind
+    local method=$1 params=${2:-'{}'} id kind rc
+    [ -n "${OAM_DIR:-}" ] || { echo "oam.sh: no bridge: call oam_start first" >&2; return 1; }
     id=$(( $(cat "$OAM_DIR/id") + 1 )); echo "$id" >"$OAM_DIR/id"
-    _oam_send "$(jq -cn --arg m "$method" --argjson p "$params" --argjson id "$id" \
-        '{jsonrpc:"2.0",id:$id,method:$m,params:$p}')" || return 1
+    if ! _oam_send "$(jq -cn --arg m "$method" --argjson p "$params" --argjson id "$id" \
+        '{jsonrpc:"2.0",id:$id,method:$m,params:$p}')"; then
+        OAM_ERROR='{"code":-32603,"message":"bridge not running","data":{"code":"transport"}}'
+        echo "$OAM_ERROR"; return 1
+    fi
     while :; do
-        _oam_read || { OAM_ERROR='{"code":-32603,"message":"bridge closed or timed out","data":{"code":"transport"}}'; echo "$OAM_ERROR"; return 1; }
+        _oam_read; rc=$?
+        if [ $rc -ne 0 ]; then
+            if [ $rc -eq 2 ]; then _oam_gone "$method: no answer"
+            else echo "oam.sh: $method: no answer within ${OAM_TIMEOUT}s" >&2; fi
+            OAM_ERROR='{"code":-32603,"message":"bridge closed or timed out","data":{"code":"transport"}}'
+            echo "$OAM_ERROR"; return 1
+        fi
         kind=$(jq -r --argjson id "$id" \
             'if has("method") and (has("id")|not) then "event"
              elif .id == $id then (if has("error") then "error" else "result" end)

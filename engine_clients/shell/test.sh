@@ -87,5 +87,35 @@ fi
 oam_stop; rc=$?
 [ $rc -eq 0 ] && ok "bridge exited 0" || bad "bridge exit code $rc"
 
+# A bridge that is gone is reported and never kills the calling shell. Run from another
+# directory, the quick start's relative command is not found: oam_start says so. A bridge that
+# exits (here: closes its stdin, says so on stdout, exits 3 half a second later): the request
+# returns 1 and the shell lives on; a write to it used to kill the shell silently (SIGPIPE, 141).
+SCRATCH=$(mktemp -d)
+cat >"$SCRATCH/closes_stdin.sh" <<'EOS'
+#!/usr/bin/env bash
+exec 0<&-
+echo '{"jsonrpc":"2.0","method":"test/stdinClosed","params":{}}'
+sleep 0.5
+exit 3
+EOS
+chmod +x "$SCRATCH/closes_stdin.sh"
+out=$(cd "$SCRATCH" && bash -c '
+    . "$1"
+    oam_start ".venv/bin/python -m bridge --engine scripted"; echo "start=$?"
+    oam_start "$2"; echo "start=$?"
+    oam_next_event 5 >/dev/null; echo "event=$?"
+    oam_request initialize "{}" >/dev/null; echo "request=$?"
+    oam_stop; echo "stop=$?"' _ "$HERE/oam.sh" "$SCRATCH/closes_stdin.sh" 2>&1); rc=$?
+rm -rf "$SCRATCH"
+want="start=1 start=0 event=0 request=1 stop=3"
+got=$(grep -o '^[a-z]*=[0-9]*$' <<<"$out" | tr '\n' ' ' | sed 's/ $//')
+[ $rc -eq 0 ] && [ "$got" = "$want" ] && ok "gone bridge: statuses $want, shell survives" \
+    || bad "gone bridge: shell exit $rc, statuses '$got' (want '$want'): $out"
+grep -q "bridge command not found: .venv/bin/python" <<<"$out" && ok "gone bridge: command not found is named" \
+    || bad "gone bridge: no 'command not found' message: $out"
+grep -q "cannot send: the bridge is not running" <<<"$out" && ok "gone bridge: failed send is named" \
+    || bad "gone bridge: no 'not running' message: $out"
+
 [ $FAIL -eq 0 ] && echo "shell client: PASS" || echo "shell client: FAIL"
 exit $FAIL

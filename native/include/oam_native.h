@@ -66,6 +66,8 @@
  *     time (successive pulls may come from different threads). oam_step_cancel() may be
  *     called from any thread at any time before oam_step_free(); it wakes a blocked
  *     oam_step_pull(), which then returns the "cancelled" ERROR event.
+ *   - oam_count_tokens() only reads the request and the engine's immutable state: hosts
+ *     may count on worker threads while steps of the same engine stream.
  *   - oam_step_pull(step, 0, ...) never waits: it only takes the step's lock briefly,
  *     so a host may call it on a latency-sensitive thread (e.g. an event loop) and fall
  *     back to a blocking pull on a worker thread only when it returns 0.

@@ -49,9 +49,10 @@ ERROR_CODES = {  # const ERROR_CODES (checked against bridge/errors.py below)
     "unknown_npc": (-31020, False), "unknown_tool_call": (-31021, False),
     "not_initialized": (-31022, False), "overloaded": (-31023, True),
     "message_too_large": (-31024, False), "npc_exists": (-31025, False),
-    "shutting_down": (-31026, False), "parse_error": (-32700, False),
-    "invalid_message": (-32600, False), "method_not_found": (-32601, False),
-    "invalid_params": (-32602, False), "internal_error": (-32603, False),
+    "shutting_down": (-31026, False), "limit_reached": (-31027, False),
+    "parse_error": (-32700, False), "invalid_message": (-32600, False),
+    "method_not_found": (-32601, False), "invalid_params": (-32602, False),
+    "internal_error": (-32603, False),
 }
 EVENT_SIGNALS = {
     "turn/started": "turn_started", "turn/textDelta": "text_delta",

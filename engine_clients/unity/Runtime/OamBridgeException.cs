@@ -77,6 +77,7 @@ namespace Oam.Bridge
         public const string MessageTooLarge = "message_too_large";
         public const string NpcExists = "npc_exists";
         public const string ShuttingDown = "shutting_down";
+        public const string LimitReached = "limit_reached";
         public const string ParseError = "parse_error";
         public const string InvalidMessage = "invalid_message";
         public const string MethodNotFound = "method_not_found";
@@ -96,8 +97,8 @@ namespace Oam.Bridge
             [InvalidRequest] = -31011, [GenerationFailed] = -31012, [UnknownNpc] = -31020,
             [UnknownToolCall] = -31021, [NotInitialized] = -31022, [Overloaded] = -31023,
             [MessageTooLarge] = -31024, [NpcExists] = -31025, [ShuttingDown] = -31026,
-            [ParseError] = -32700, [InvalidMessage] = -32600, [MethodNotFound] = -32601,
-            [InvalidParams] = -32602, [InternalError] = -32603,
+            [LimitReached] = -31027, [ParseError] = -32700, [InvalidMessage] = -32600,
+            [MethodNotFound] = -32601, [InvalidParams] = -32602, [InternalError] = -32603,
         };
 
         /// <summary>The JSON-RPC code of a string code (-32603 for an unknown one).</summary>

@@ -1,6 +1,6 @@
 // UNVERIFIED: FoundationModels is not available on Linux, so this file has never been
-// compiled. It is written against the 26.x SDK signatures quoted in /work/shared/APPLE_API.md
-// (and the 26.2/26.5 .swiftinterface extracts it cites). Spots marked `UNVERIFIED(n)` are
+// compiled. It is written against the FoundationModels 26.x SDK signatures (the 26.2/26.5
+// .swiftinterface files of the SDK). Spots marked `UNVERIFIED(n)` are
 // listed in native/README.md ("Apple backend"). macOS-27-only API sits behind
 // `#if OAM_MACOS27_SDK` (pass `-Xswiftc -DOAM_MACOS27_SDK` when building with the 27 SDK)
 // plus `#available(macOS 27.0, *)`.

@@ -18,6 +18,8 @@ struct OamError: Error {
 protocol Backend: AnyObject, Sendable {
     var name: String { get }
     func info() -> JSON
+    /// Called on any host thread, concurrently with other counts and with running steps
+    /// (the Python host counts in worker threads): it must only read immutable state.
     func countTokens(_ request: JSON) throws -> Int
     /// Must return quickly; the work runs on a thread/task of the backend's own and
     /// reports through `step.push` / `step.finish`. It must poll `step.isCancelled`.

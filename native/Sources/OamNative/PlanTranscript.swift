@@ -51,8 +51,8 @@ struct PlanOptions: Sendable, Equatable {
 
 struct PlanTranscript: Sendable {
     var instructions: String
-    /// Tools enabled on this step (their definitions go into the instructions entry and
-    /// into the session). Always empty when `toolMode == .disallowed`.
+    /// The step's tools as the host gave them (their definitions go into the instructions
+    /// entry and into the session). The host sends none on a disallowed step.
     var tools: [PlanTool]
     var toolMode: PlanToolMode
     /// Every entry before the respond prompt (the instructions entry is not included).
@@ -105,7 +105,9 @@ struct PlanTranscript: Sendable {
             }
         default: throw OamError("invalid_request", "tools must be an array")
         }
-        if mode == .disallowed { tools = [] }  // hidden on disallowed steps (the model stalls otherwise)
+        // Tools are used as the host gives them, also on a disallowed step: the host decides
+        // what a step shows (it sends none there), and a call the model makes anyway is
+        // reported as made; the host's agent ignores it with a warning.
         if mode == .required && tools.isEmpty {
             throw OamError("invalid_request", "toolMode required needs at least one tool")
         }

@@ -175,10 +175,8 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             return
         }
         if let calls = s["toolCalls"]?.array {
-            if toolMode == "disallowed" {
-                step.fail(OamError("invalid_request", "script step has tool calls but toolMode is disallowed"))
-                return
-            }
+            // Reported whatever the step's toolMode: the engine says what the model did, and
+            // the host's agent decides (a call on a disallowed step is ignored with a warning).
             var out: [JSON] = []
             for (i, c) in calls.enumerated() {
                 guard let name = c["name"]?.string else {

@@ -86,12 +86,13 @@ final class PlanTranscriptTests: XCTestCase {
         }
     }
 
-    func testDisallowedHidesTools() throws {
+    func testDisallowedUsesTheToolsAsGiven() throws {
+        // The host decides which tools a step shows; the library never filters them again.
         let p = try PlanTranscript.build(req("""
         {"messages":[{"role":"user","content":"x"}],"tools":[{"name":"a"}],"toolMode":"disallowed"}
         """))
         XCTAssertEqual(p.toolMode, .disallowed)
-        XCTAssertTrue(p.tools.isEmpty)
+        XCTAssertEqual(p.tools.map(\.name), ["a"])
     }
 
     func testUnansweredCallsAreWarnings() throws {

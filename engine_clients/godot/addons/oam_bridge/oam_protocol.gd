@@ -35,6 +35,7 @@ const ERROR_CODES := {
 	"message_too_large": [-31024, false],
 	"npc_exists": [-31025, false],
 	"shutting_down": [-31026, false],
+	"limit_reached": [-31027, false],
 	"parse_error": [-32700, false],
 	"invalid_message": [-32600, false],
 	"method_not_found": [-32601, false],

@@ -23,8 +23,8 @@ const std::pair<const char*, int> kCodes[] = {
     {"invalid_request", -31011}, {"generation_failed", -31012}, {"unknown_npc", -31020},
     {"unknown_tool_call", -31021}, {"not_initialized", -31022}, {"overloaded", -31023},
     {"message_too_large", -31024}, {"npc_exists", -31025}, {"shutting_down", -31026},
-    {"parse_error", -32700}, {"invalid_message", -32600}, {"method_not_found", -32601},
-    {"invalid_params", -32602}, {"internal_error", -32603},
+    {"limit_reached", -31027}, {"parse_error", -32700}, {"invalid_message", -32600},
+    {"method_not_found", -32601}, {"invalid_params", -32602}, {"internal_error", -32603},
 };
 
 // Runs a tool handler; a thrown exception becomes the error the model sees as the output.

@@ -1,0 +1,294 @@
+"""The service layer: the NPC registry and every operation, with typed params and typed
+results. No JSON-RPC and no I/O: the JSON-RPC bridge, and any other host (the in-process
+API, a CLI, an HTTP server), calls this and only this.
+
+Events leave through an ``EventSink`` the host supplies. Without one, the service keeps each
+turn's events for ``Service.events(turn_id)``, which is how Python code uses it in process::
+
+    async with Service.running(EngineRegistry(default="scripted")) as svc:
+        await svc.create(NpcConfig(npc_id="keeper", instructions="Be brief."))
+        turn = svc.respond(RespondParams(npc_id="keeper", prompt="Any ale?"))
+        async for event in svc.events(turn.turn_id):
+            ...
+
+Every operation either succeeds or changes nothing: they validate and build first and
+replace last (a failed ``restore`` leaves the NPC it would have replaced as it was).
+Operations that may take milliseconds or more (starting an engine, counting tokens on a
+model) are ``async`` and run that work off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+import msgspec
+import trio
+
+from . import __version__
+from . import _messages as m
+from ._agent import EventSink, Npc, check_schema, count_text_tokens
+from .engines import EngineRegistry
+from .engines.base import Engine, Message
+from .engines.scripted import validate_script
+from .errors import BridgeError
+
+log = logging.getLogger("oam_bridge.service")
+
+
+class TurnEvents:
+    """The default sink: keeps each turn's events until ``Service.events`` takes them.
+
+    Bounded like the wire: past ``max_bytes`` of untaken events (approximated by the length
+    of their text fields), ``wait_room`` waits, so a reader that stops reading slows its turns
+    down instead of growing memory."""
+
+    def __init__(self, max_events: int = 65536) -> None:
+        self._queues: dict[str, deque[m.Event]] = {}
+        self._wakeups: dict[str, trio.Event] = {}
+        self._room = trio.Event()
+        self._room.set()
+        self._count = 0
+        self._max = max_events
+
+    async def wait_room(self) -> None:
+        while self._count >= self._max:
+            self._room = trio.Event() if self._room.is_set() else self._room
+            await self._room.wait()
+
+    def put(self, event: m.Event) -> None:
+        self._queues.setdefault(event.turn_id, deque()).append(event)
+        self._count += 1
+        w = self._wakeups.pop(event.turn_id, None)
+        if w is not None:
+            w.set()
+
+    async def take(self, turn_id: str) -> AsyncIterator[m.Event]:
+        while True:
+            q = self._queues.setdefault(turn_id, deque())
+            while q:
+                ev = q.popleft()
+                self._count -= 1
+                self._room.set()
+                yield ev
+                if isinstance(ev, (m.TurnCompleted, m.TurnFailed)):
+                    self._queues.pop(turn_id, None)
+                    return
+            w = self._wakeups.setdefault(turn_id, trio.Event())
+            await w.wait()
+
+
+class Service:
+    """NPCs and their operations. Run it with ``Service.running`` (or ``run``) so NPC workers
+    have a nursery."""
+
+    def __init__(self, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None) -> None:
+        self.registry = registry or EngineRegistry(default="scripted")
+        self.limits = limits or m.Limits()
+        self._turn_events = TurnEvents() if sink is None else None
+        self.sink: EventSink = sink if sink is not None else self._turn_events  # type: ignore[assignment]
+        self.npcs: dict[str, Npc] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # ---- running ----
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None) -> AsyncIterator[Service]:
+        """A service whose NPC workers run in a nursery of their own; on exit every turn is
+        ended (``turn_ended``) and the engines are closed."""
+        svc = cls(registry, limits, sink)
+        async with trio.open_nursery() as nursery:
+            svc._nursery = nursery
+            try:
+                yield svc
+            finally:
+                svc.close_all("turn_ended")
+                with trio.move_on_after(svc.limits.exit_grace_ms / 2000):
+                    await svc.wait_idle()
+                nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await svc.registry.aclose()
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Use ``nursery`` for the NPC workers (a host that manages its own task tree)."""
+        self._nursery = nursery
+
+    def close_all(self, reason: str = "turn_ended") -> None:
+        """End every NPC's turns; each still gets its terminal event."""
+        for npc in self.npcs.values():
+            npc.close(reason)
+
+    def cancel_all(self, reason: str = "turn_ended") -> None:
+        for npc in self.npcs.values():
+            npc.cancel(reason)
+
+    def idle(self) -> bool:
+        return all(n.current is None and not n.queued for n in self.npcs.values())
+
+    async def wait_idle(self) -> None:
+        while not self.idle():
+            await trio.sleep(0.005)
+
+    def events(self, turn_id: str) -> AsyncIterator[m.Event]:
+        """A turn's events, ending with its terminal event (only without a host sink)."""
+        if self._turn_events is None:
+            raise RuntimeError("this service sends its events to a host sink")
+        return self._turn_events.take(turn_id)
+
+    # ---- operations ----
+
+    def initialize(self, p: m.InitializeParams) -> m.InitializeResult:
+        if p.protocol_version not in m.SUPPORTED_PROTOCOL_VERSIONS:
+            raise BridgeError(
+                "invalid_params",
+                f"protocol version {p.protocol_version} is not supported",
+                reason="unsupported_protocol_version",
+                supported=list(m.SUPPORTED_PROTOCOL_VERSIONS),
+            )
+        return m.InitializeResult(
+            protocol_version=m.PROTOCOL_VERSION,
+            server_info=m.ServerInfo(name="oam-bridge", version=__version__),
+            capabilities=m.Capabilities(),
+            engines=self.registry.infos(),
+            default_engine=self.registry.default,
+            limits=self.limits,
+        )
+
+    async def _engine_for(self, config: m.NpcConfig) -> tuple[str, Engine]:
+        """The engine ``config`` names, started off the loop if it is not running yet."""
+        name = self.registry.resolve(config.engine)
+        if config.model is not None and name != "llama":
+            raise BridgeError("invalid_params", f"model is only for the llama engine, not {name!r}")
+        if self.registry.started(name, config.model):
+            return name, self.registry.get(name, model=config.model)
+        engine = await trio.to_thread.run_sync(self.registry.get, name, config.model, abandon_on_cancel=True)
+        return name, engine
+
+    def _check_config(self, config: m.NpcConfig) -> None:
+        if not config.npc_id:
+            raise BridgeError("invalid_params", "npcId must not be empty")
+        names = [t.name for t in config.tools]
+        if len(set(names)) != len(names):
+            raise BridgeError("invalid_params", "tool names must be unique")
+        for t in config.tools:
+            check_schema(t.parameters, f"parameters of tool {t.name!r}", tool=True)
+
+    async def _build(self, config: m.NpcConfig, turns: list[list[Message]] | None) -> Npc:
+        """A new NPC, not yet registered: everything that can fail happens here."""
+        self._check_config(config)
+        engine_name, engine = await self._engine_for(config)
+        if config.script is not None:
+            if not hasattr(engine, "set_script"):
+                raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
+            validate_script(config.script)
+        npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc)
+        if turns:
+            npc.set_history([list(t) for t in turns])
+        return npc
+
+    def _register(self, npc: Npc) -> None:
+        npc_id = npc.config.npc_id
+        if npc.config.script is not None:
+            npc.engine.set_script(npc_id, npc.config.script)  # type: ignore[attr-defined]
+        self.npcs[npc_id] = npc
+        assert self._nursery is not None, "the service is not running"
+        self._nursery.start_soon(npc.worker)
+
+    def _check_room(self, npc_id: str) -> None:
+        if npc_id not in self.npcs and len(self.npcs) >= self.limits.max_npcs:
+            raise BridgeError("limit_reached", f"at most {self.limits.max_npcs} npcs", limit="maxNpcs")
+
+    async def create(self, config: m.NpcConfig) -> m.CreateResult:
+        if config.npc_id in self.npcs:
+            raise BridgeError("npc_exists", f"npc {config.npc_id!r} already exists", npcId=config.npc_id)
+        self._check_room(config.npc_id)
+        npc = await self._build(config, None)
+        if config.npc_id in self.npcs:  # created while the engine started
+            raise BridgeError("npc_exists", f"npc {config.npc_id!r} already exists", npcId=config.npc_id)
+        self._register(npc)
+        return m.CreateResult(npc_id=config.npc_id, engine=npc.engine_name, context_size=npc.engine.context_size)
+
+    async def restore(self, p: m.RestoreParams) -> m.RestoreResult:
+        if p.save.version != 1:
+            raise BridgeError("invalid_params", f"unsupported save version {p.save.version}")
+        config = p.save.config
+        if p.npc_id is not None:
+            config = msgspec.structs.replace(config, npc_id=p.npc_id)
+        self._check_room(config.npc_id)
+        npc = await self._build(config, p.save.turns)
+        old = self.npcs.pop(config.npc_id, None)
+        if old is not None:
+            old.close("turn_ended")
+            old.engine.forget(config.npc_id)
+        self._register(npc)
+        return m.RestoreResult(npc_id=config.npc_id, turns=len(p.save.turns))
+
+    def npc(self, npc_id: str) -> Npc:
+        npc = self.npcs.get(npc_id)
+        if npc is None:
+            raise BridgeError("unknown_npc", f"no npc {npc_id!r}", npcId=npc_id)
+        return npc
+
+    def respond(self, p: m.RespondParams) -> m.RespondResult:
+        npc = self.npc(p.npc_id)
+        if isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool not in npc.tools:
+            raise BridgeError("invalid_params", f"toolChoice names unknown tool {p.tool_choice.tool!r}")
+        if p.tool_choice == "required" and not npc.tools:
+            raise BridgeError("invalid_params", "toolChoice required, but the npc has no tools")
+        if p.schema is not None:
+            check_schema(p.schema, "schema")
+        turn = npc.enqueue(p)
+        return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
+
+    def submit(self, p: m.SubmitParams) -> m.SubmitResult:
+        self.npc(p.npc_id).submit(p)
+        return m.SubmitResult(accepted=True)
+
+    def cancel(self, p: m.NpcRef) -> m.CancelResult:
+        return m.CancelResult(cancelled=self.npc(p.npc_id).cancel())
+
+    def transcript(self, p: m.NpcRef) -> m.Save:
+        npc = self.npc(p.npc_id)
+        return m.Save(version=1, config=npc.config, turns=npc.turns)
+
+    def reset(self, p: m.NpcRef) -> m.EmptyResult:
+        self.npc(p.npc_id).reset()
+        return m.EmptyResult()
+
+    def delete(self, p: m.NpcRef) -> m.EmptyResult:
+        npc = self.npc(p.npc_id)
+        npc.close("turn_ended")
+        del self.npcs[p.npc_id]
+        npc.engine.forget(p.npc_id)
+        return m.EmptyResult()
+
+    def list(self) -> m.NpcListResult:
+        return m.NpcListResult(
+            npcs=[
+                m.NpcSummary(npc_id=k, engine=n.engine_name, turns=len(n.turns), busy=n.current is not None, queued=len(n.queued))
+                for k, n in self.npcs.items()
+            ]
+        )
+
+    async def count_tokens(self, p: m.CountTokensParams) -> m.CountTokensResult:
+        prompt: int | None = None
+        if p.npc_id is not None:
+            npc = self.npc(p.npc_id)
+            engine = npc.engine
+            prompt = await npc.prompt_tokens()
+        else:
+            name = self.registry.resolve(p.engine or "auto")
+            if self.registry.started(name):
+                engine = self.registry.get(name)
+            else:
+                engine = await trio.to_thread.run_sync(self.registry.get, name, None, abandon_on_cancel=True)
+        tokens = await count_text_tokens(engine, p.text)
+        return m.CountTokensResult(tokens=tokens, prompt_tokens=prompt, context_size=engine.context_size)
+
+    def engine_status(self) -> m.EngineStatusResult:
+        return m.EngineStatusResult(engines=self.registry.infos(), default_engine=self.registry.default)
+
+
+__all__ = ["Service", "TurnEvents"]

@@ -1,0 +1,203 @@
+"""The engine adapter: loads the model, counts tokens, turns a step into chunks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import msgspec
+import trio
+
+from bridge.engines.base import (
+    Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec,
+)
+from bridge.errors import BridgeError
+
+from ._grammar import CALL_PREFIX, build_grammar, complete_calls
+from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
+from ._prompt import PromptRenderer
+from ._states import StateCache
+from ._worker import Emit, Generator, run_in_thread
+
+MAX_DEFAULT_CTX = 8192
+FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache"]
+COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
+
+
+class LlamaEngine:
+    """llama.cpp (llama-cpp-python): one model shared by the NPCs that use it, a saved
+    context per NPC, GBNF-constrained tool calls and JSON answers.
+
+    Thread-safety: ``count_tokens`` may run on any thread, also while a step generates
+    (``blocking_count``: the agent calls it in a worker thread). Tokenizing only reads the
+    model's vocabulary (``llama_tokenize`` on a ``const llama_vocab``) and rendering reads
+    the compiled template; ``aclose`` waits for counts in flight before freeing the model.
+    """
+
+    name = "llama"
+    blocking_count = True
+
+    def __init__(self, model_path: str | None = None, n_ctx: int | None = None,
+                 n_threads: int | None = None, cache_bytes: int = 512 * 1024 * 1024,
+                 verbose: bool = False, extra_buffers: bool | None = None) -> None:
+        """``extra_buffers``: llama.cpp's AMX / weight-repacking buffers (see
+        ``_model.load_model``); default ``$OAM_LLAMA_EXTRA_BUFFERS``, off."""
+        self.model_path = model_path or default_model_path()
+        ok, reason = availability(self.model_path)
+        self._available, self._reason = ok, reason
+        self._llm: Any = None
+        self._n_ctx = 0
+        self._counting = threading.Condition()  # guards _counts_in_flight, _closed, _counts
+        self._counts_in_flight = 0  # tokenizations running (counts and step prompts)
+        self._closed = False
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+        self._states = StateCache(cache_bytes)
+        if not ok:
+            return
+        if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
+            silence_llama_logs()
+        cores = max(1, os.cpu_count() or 1)
+        # Decoding leaves one core to the game and the bridge's own loop: ggml's threads meet
+        # at a barrier on every op, so one of them preempted stalls the token. The prompt is
+        # read with every core (short bursts, where throughput wins).
+        threads = n_threads or max(1, cores - 1)
+        self.threads = (threads, cores)
+        llm = load_model(extra_buffers_default() if extra_buffers is None else extra_buffers,
+                         model_path=self.model_path, n_ctx=n_ctx or MAX_DEFAULT_CTX,
+                         n_threads=threads, n_threads_batch=cores, verbose=verbose)
+        if not verbose:
+            silence_llama_logs()
+        self._n_ctx = min(llm._model.n_ctx_train(), MAX_DEFAULT_CTX) if n_ctx is None else llm.n_ctx()
+        eos_id, bos_id = llm.token_eos(), llm.token_bos()
+        eos = llm.detokenize([eos_id], special=True).decode("utf-8", "ignore") if eos_id >= 0 else ""
+        bos = llm.detokenize([bos_id], special=True).decode("utf-8", "ignore") if bos_id >= 0 else ""
+        self._renderer = PromptRenderer(llm.metadata.get("tokenizer.chat_template"), eos, bos)
+        self._llm = llm
+        self._gen = Generator(llm, self._n_ctx, self._states)
+
+    # -- interface -------------------------------------------------------------------
+    @property
+    def context_size(self) -> int:
+        return self._n_ctx
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name="llama", available=self._available and self._llm is not None,
+                          reason=self._reason, context_size=self._n_ctx, features=list(FEATURES))
+
+    def _tokens(self, prompt: str) -> list[int]:
+        """The prompt's tokens; any thread. Tokenizing only reads the vocabulary; the count
+        of tokenizations in flight lets ``aclose`` free the model only after them."""
+        with self._counting:
+            if self._closed or self._llm is None:
+                raise BridgeError("model_unavailable", self._reason or "engine closed")
+            self._counts_in_flight += 1
+        try:
+            return list(self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+        finally:
+            with self._counting:
+                self._counts_in_flight -= 1
+                self._counting.notify_all()
+
+    def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
+        """Tokens of the prompt rendered as a step with these tools would see it. Safe on any
+        thread; the last ``COUNT_CACHE_SIZE`` prompts' counts are remembered."""
+        # a digest: prompts can be megabytes, and hashing them is far cheaper than tokenizing
+        key = hashlib.blake2b(msgspec.json.encode((instructions, messages, tools)), digest_size=16).digest()
+        with self._counting:
+            hit = self._counts.get(key)
+            if hit is not None:
+                self._counts.move_to_end(key)
+                return hit
+        if self._llm is None:
+            raise BridgeError("model_unavailable", self._reason or "model not loaded")
+        n = len(self._tokens(self._renderer.render(instructions, messages, tools)))
+        with self._counting:
+            self._counts[key] = n
+            if len(self._counts) > COUNT_CACHE_SIZE:
+                self._counts.popitem(last=False)
+        return n
+
+    def forget(self, npc_id: str) -> None:
+        self._states.forget(npc_id)
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            with self._counting:
+                self._closed = True
+                while self._counts_in_flight:
+                    self._counting.wait()
+                self._counts.clear()
+            if self._llm is not None:
+                self._gen.close()  # waits for the step that holds the context
+                self._llm = None
+
+        await trio.to_thread.run_sync(close)
+
+    async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
+        """Text deltas, then (when the output is a call batch) one ToolCallsChunk, then
+        StepDone. The request's tools and tool mode are used as given; the engine reports
+        what the model produced and the agent decides what it means."""
+        if self._llm is None:
+            raise BridgeError("model_unavailable", self._reason or "model not loaded")
+        warnings: list[str] = []
+
+        def job(stop: threading.Event, emit: Emit) -> None:
+            # Rendering, tokenizing and building the grammar take milliseconds: done here,
+            # on the step's thread, never on trio's.
+            prompt = self._renderer.render(request.instructions, request.messages, request.tools,
+                                           request.tool_mode, request.schema)
+            tokens = self._tokens(prompt)
+            try:
+                grammar_text, grammar_warnings = build_grammar(request)
+            except Exception as e:
+                raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
+            warnings.extend(grammar_warnings)
+            done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, stop, emit)
+            if done is not None:
+                emit(("done", *done))
+
+        may_call = bool(request.tools)
+        buf = ""  # output held back while it may still be the start of a call batch
+        decided: str | None = None if may_call else "text"
+        try:
+            async with aclosing(run_in_thread(job)) as items:
+                async for item in items:
+                    if item[0] == "text":
+                        if decided == "text":
+                            yield TextChunk(item[1])
+                            continue
+                        buf += item[1]
+                        if decided is None:
+                            norm = "".join(buf.split())
+                            if norm.startswith(CALL_PREFIX):
+                                decided = "call"
+                            elif not CALL_PREFIX.startswith(norm):
+                                decided = "text"
+                                yield TextChunk(buf)
+                                buf = ""
+                        continue
+                    usage, finish = item[1], item[2]
+                    if decided != "text" and buf:
+                        raw = complete_calls(buf)
+                        if raw:
+                            calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
+                                              arguments=c.get("arguments") or {}) for c in raw]
+                            yield ToolCallsChunk(calls)
+                            finish = "tool_calls"
+                        elif decided == "call":
+                            what = "cut off by maxTokens" if finish == "length" else "malformed"
+                            raise BridgeError("generation_failed", f"the model's tool call was {what}",
+                                              text=buf[:200], finish_reason=finish)
+                        else:  # a short answer that looked like the start of a call
+                            yield TextChunk(buf)
+                    yield StepDone(usage=usage, finish_reason=finish, warnings=warnings)
+        except BridgeError:
+            raise
+        except Exception as e:
+            raise BridgeError("generation_failed", f"llama generation failed: {type(e).__name__}: {e}") from e
