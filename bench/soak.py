@@ -116,6 +116,7 @@ class Soak:
         self.counts: dict[str, int] = {}
         self.stop = False
         self.eof = trio.Event()
+        self.send_lock = trio.Lock()  # one writer of the bridge's stdin at a time
 
     def fail(self, what: str) -> None:
         if len(self.failures) < 100:
@@ -184,7 +185,9 @@ class Soak:
 
     async def send(self, *msgs: dict[str, Any]) -> None:
         assert self.process.stdin is not None
-        await self.process.stdin.send_all(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
+        data = b"".join(json.dumps(m).encode() + b"\n" for m in msgs)
+        async with self.send_lock:
+            await self.process.stdin.send_all(data)
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], trio.MemoryReceiveChannel[dict[str, Any]]]:
         self.ids += 1
@@ -285,14 +288,19 @@ class Soak:
             self.fail(f"{self.sent_ids - self.answered} lost response(s) of {self.sent_ids}")
         if self.early:
             self.fail(f"events for {len(self.early)} turn(s) nobody started: {list(self.early)[:3]}")
+        bad: dict[str, str] = {}  # how a call ended wrongly -> an example
         for t in self.turns.values():
             if t.terminal is None:
                 self.fail(f"{t.id}: no terminal event")
             for call_id, ends in t.calls.items():
+                pattern = " + ".join(ends) or "never"
+                self.count("call ended " + pattern)
                 if len(ends) != 1:
-                    self.fail(f"{t.id} call {call_id}: ended {ends or 'never'} (exactly one of completed/withdrawn)")
-                else:
-                    self.count("call " + ends[0])
+                    if pattern not in bad:
+                        bad[pattern] = f"{t.id} call {call_id}"
+                    self.count("BAD call ended " + pattern)
+        for pattern, example in bad.items():
+            self.fail(f"{self.counts['BAD call ended ' + pattern]} call(s) ended {pattern}, not with exactly one of completed/withdrawn (e.g. {example})")
 
 
 def flat(first: float, last: float, slack: float) -> str:

@@ -595,7 +595,6 @@ class Npc:
         usage = Usage()
         rounds = calls_made = 0
         announced_drop = 0
-        shown_text = ""
         warnings: list[str] = []
         step = 0
         finish = "stop"
@@ -636,7 +635,7 @@ class Npc:
             )
             text = ""
             calls: list[ToolCall] = []
-            reset = bool(shown_text)
+            reset = step > 0  # the first delta after a tool round replaces what was shown, if anything
             n_chunks = 0
             # aclosing: a cancelled step closes the engine's generator at once, so an engine
             # can stop its worker thread instead of waiting for garbage collection.
@@ -660,7 +659,6 @@ class Npc:
                         finish = chunk.finish_reason
                         warnings.extend(w for w in chunk.warnings if w not in warnings)
             step += 1
-            shown_text = text
             if calls and mode != "disallowed":
                 rounds += 1
                 turn.move("awaiting_tool")

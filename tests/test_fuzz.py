@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from types import ModuleType
 
 import pytest
@@ -22,6 +23,7 @@ def load_fuzzer() -> ModuleType:
     spec = importlib.util.spec_from_file_location("fuzz_protocol", os.path.join(REPO, "bench", "fuzz_protocol.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 

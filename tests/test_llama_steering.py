@@ -206,8 +206,9 @@ async def test_trimming_keeps_a_long_conversation_inside_the_window(bridge: Proc
     save = {"version": 1, "config": {"npcId": "sailor", "instructions": "You are an old sailor.", "engine": "llama",
                                      "options": {"maxTokens": 32, "temperature": 0, "seed": 1}}, "turns": turns}
     await c.call("npc/restore", {"save": save})
-    before = await c.call("tokens/count", {"npcId": "sailor", "text": ""})
-    assert before["promptTokens"] > before["contextSize"], "the restored history must overflow the window"
+    before = await c.call("tokens/count", {"npcId": "sailor", "text": story})
+    assert before["tokens"] * len(turns) > before["contextSize"], "the restored history must overflow the window"
+    assert before["promptTokens"] <= before["contextSize"], "promptTokens is what the model would see: the trimmed prompt"
     done, _ = await run_turn(bridge, "sailor", "And then?")
     assert done["method"] == "turn/completed", done
     trimmed = [e for e in c.turn_events(done["params"]["turnId"]) if e["method"] == "turn/contextTrimmed"]

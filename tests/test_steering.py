@@ -116,3 +116,14 @@ async def test_trimming_drops_oldest_complete_turns_from_what_the_model_sees() -
         assert trims and all(t["promptTokens"] <= t["contextSize"] for t in trims)
         _, done = await client.turn("t", "x " * 400)  # cannot fit even alone
         assert done["params"]["error"]["code"] == "context_size_exceeded"
+
+
+async def test_the_first_delta_after_a_tool_only_step_is_a_reset_too(client: Client, engine: ScriptedEngine) -> None:
+    # protocol.md: isReset is true on the first delta of every step after a tool round,
+    # whether or not the step before showed text
+    await setup(client, engine, [{"toolCalls": [call("c0")]}, {"text": "Three barrels."}])
+    r = await client.call("npc/respond", {"npcId": "n", "prompt": "Ale?"})
+    await answer_all(client, r["turnId"], 1)
+    await client.wait_terminal(r["turnId"])
+    deltas = [e["params"] for e in client.turn_events(r["turnId"]) if e["method"] == "turn/textDelta"]
+    assert [d["isReset"] for d in deltas] == [True, False]
