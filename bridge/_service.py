@@ -89,6 +89,10 @@ class Service:
         self._turn_events = TurnEvents() if sink is None else None
         self.sink: EventSink = sink if sink is not None else self._turn_events  # type: ignore[assignment]
         self.npcs: dict[str, Npc] = {}
+        # every NPC whose worker runs, deleted and replaced ones too: their turns still end
+        # (and send their terminal events) after they leave ``npcs``
+        self._live: set[Npc] = set()
+        self._closing = False
         self._nursery: trio.Nursery | None = None
 
     # ---- running ----
@@ -116,7 +120,9 @@ class Service:
         self._nursery = nursery
 
     def close_all(self, reason: str = "turn_ended") -> None:
-        """End every NPC's turns; each still gets its terminal event."""
+        """End every NPC's turns (each still gets its terminal event) and accept no new NPCs
+        or turns from now on (``shutting_down``): the host is going away."""
+        self._closing = True
         for npc in self.npcs.values():
             npc.close(reason)
 
@@ -125,7 +131,9 @@ class Service:
             npc.cancel(reason)
 
     def idle(self) -> bool:
-        return all(n.current is None and not n.queued for n in self.npcs.values())
+        """No turn runs or waits, in any NPC whose worker still runs (deleted and replaced
+        NPCs included, until their workers have ended their turns)."""
+        return all(n.current is None and not n.queued for n in self._live)
 
     async def wait_idle(self) -> None:
         while not self.idle():
@@ -194,23 +202,37 @@ class Service:
             npc.engine.set_script(npc_id, npc.config.script)  # type: ignore[attr-defined]
         self.npcs[npc_id] = npc
         assert self._nursery is not None, "the service is not running"
-        self._nursery.start_soon(npc.worker)
+        self._live.add(npc)
+        self._nursery.start_soon(self._work, npc)
+
+    async def _work(self, npc: Npc) -> None:
+        try:
+            await npc.worker()
+        finally:
+            self._live.discard(npc)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise BridgeError("shutting_down", "the bridge is shutting down")
 
     def _check_room(self, npc_id: str) -> None:
         if npc_id not in self.npcs and len(self.npcs) >= self.limits.max_npcs:
             raise BridgeError("limit_reached", f"at most {self.limits.max_npcs} npcs", limit="maxNpcs")
 
     async def create(self, config: m.NpcConfig) -> m.CreateResult:
+        self._check_open()
         if config.npc_id in self.npcs:
             raise BridgeError("npc_exists", f"npc {config.npc_id!r} already exists", npcId=config.npc_id)
         self._check_room(config.npc_id)
         npc = await self._build(config, None)
+        self._check_open()  # the host began closing while the engine started
         if config.npc_id in self.npcs:  # created while the engine started
             raise BridgeError("npc_exists", f"npc {config.npc_id!r} already exists", npcId=config.npc_id)
         self._register(npc)
         return m.CreateResult(npc_id=config.npc_id, engine=npc.engine_name, context_size=npc.engine.context_size)
 
     async def restore(self, p: m.RestoreParams) -> m.RestoreResult:
+        self._check_open()
         if p.save.version != 1:
             raise BridgeError("invalid_params", f"unsupported save version {p.save.version}")
         config = p.save.config
@@ -218,6 +240,7 @@ class Service:
             config = msgspec.structs.replace(config, npc_id=p.npc_id)
         self._check_room(config.npc_id)
         npc = await self._build(config, p.save.turns)
+        self._check_open()
         old = self.npcs.pop(config.npc_id, None)
         if old is not None:
             old.close("turn_ended")
@@ -232,6 +255,7 @@ class Service:
         return npc
 
     def respond(self, p: m.RespondParams) -> m.RespondResult:
+        self._check_open()
         npc = self.npc(p.npc_id)
         if isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool not in npc.tools:
             raise BridgeError("invalid_params", f"toolChoice names unknown tool {p.tool_choice.tool!r}")

@@ -666,3 +666,31 @@ async def test_bug13_an_unsupported_protocol_version_is_refused() -> None:
         assert err["code"] == -32602 and err["data"]["code"] == "invalid_params"
         assert err["data"]["reason"] == "unsupported_protocol_version" and err["data"]["supported"] == [1]
         assert (await b.call(2, "initialize", {"protocolVersion": 1}))["protocolVersion"] == 1
+
+
+# ---- found by the long fuzz run (bench/fuzz_protocol.py, 1,000,000 inputs) ----
+
+
+@pytest.mark.parametrize("how", ["delete", "restore"])
+async def test_turns_of_a_deleted_or_replaced_npc_still_end_when_stdin_closes_at_once(how: str) -> None:
+    # The fuzzer's recipe, reduced: turns queued on an NPC, the NPC deleted (or replaced by
+    # a restore), and stdin's end, all in one write. The old NPC leaves the registry at
+    # once, but its worker still has to end its turns; exit waited only for the NPCs still
+    # registered, so their terminal events were dropped ("exiting: dropped N bytes").
+    async with bridge() as b:
+        await b.send(INIT)
+        await b.result("init")
+        await b.call("c", "npc/create", {"npcId": "a", "script": [{"text": words(50), "chunkMs": 5}] * 8})
+        ids = [f"r{i}" for i in range(8)]
+        last = rpc("d", "npc/delete", {"npcId": "a"}) if how == "delete" else rpc(
+            "d", "npc/restore", {"save": {"version": 1, "config": {"npcId": "a"}, "turns": []}}
+        )
+        await b.send(*[rpc(i, "npc/respond", {"npcId": "a", "prompt": "hi"}) for i in ids], last)
+        await b.close_stdin()
+        assert await b.wait_exit(5) == 0
+        await b.eof.wait()
+        for i in ids:
+            turn_id = (await b.result(i))["turnId"]
+            b.assert_well_formed(turn_id)
+        assert b"dropped" not in bytes(b.stderr), bytes(b.stderr)
+

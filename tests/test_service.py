@@ -58,3 +58,24 @@ async def test_operations_raise_typed_errors_with_stable_codes() -> None:
         with pytest.raises(BridgeError) as e:
             svc.respond(m.RespondParams(npc_id="ghost", prompt="hi"))
         assert e.value.code == "unknown_npc"
+
+
+async def test_a_closing_service_accepts_no_new_npcs_or_turns_and_waits_for_deleted_npcs() -> None:
+    async with Service.running(registry()) as svc:
+        await svc.create(m.NpcConfig(npc_id="a", script=[{"text": "hi", "delayMs": 20}]))
+        turn = svc.respond(m.RespondParams(npc_id="a", prompt="hi"))
+        svc.delete(m.NpcRef(npc_id="a"))
+        assert not svc.idle(), "a deleted NPC's turn has not ended yet: the service is not idle"
+        with trio.fail_after(5):
+            await svc.wait_idle()
+        svc.close_all()
+        with pytest.raises(BridgeError) as e:
+            svc.respond(m.RespondParams(npc_id="a", prompt="again"))
+        assert e.value.code == "shutting_down"
+        with pytest.raises(BridgeError) as e:
+            await svc.create(m.NpcConfig(npc_id="b"))
+        assert e.value.code == "shutting_down"
+        last = None
+        async for ev in svc.events(turn.turn_id):
+            last = ev
+        assert isinstance(last, m.TurnFailed)
