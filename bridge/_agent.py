@@ -789,8 +789,10 @@ class Npc:
             if pc.withdrawn is not None:
                 self._put(turn, m.ToolCallWithdrawn, call_id=call.id, name=call.name, reason=pc.withdrawn)
         if pc.withdrawn == "timeout":
-            pc.error = f"the game did not answer {call.name} within {timeout_ms} ms"
-        elif pc.withdrawn is not None:
+            # The game was told (toolCallWithdrawn, its one ending event); the model sees the
+            # timeout as the call's error output, and turn/completed's record says so.
+            return None, f"the game did not answer {call.name} within {timeout_ms} ms"
+        if pc.withdrawn is not None:
             await trio.lowlevel.checkpoint()  # withdrawn by cancel: the turn's scope is cancelled
             return None, None
         await self._emit_owed(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=pc.output, error=pc.error)

@@ -80,7 +80,7 @@ class Sink:
         assert [e.seq for e in evs] == list(range(len(evs))), "seq must be gap-free from 0"
         ends = [e for e in evs if isinstance(e, (m.TurnCompleted, m.TurnFailed))]
         assert len(ends) == 1 and evs[-1] is ends[0], "exactly one terminal event, last"
-        ok = (["completed"], ["withdrawn:cancelled"], ["withdrawn:turn_ended"], ["withdrawn:timeout", "completed"])
+        ok = (["completed"], ["withdrawn:cancelled"], ["withdrawn:turn_ended"], ["withdrawn:timeout"])
         for req in [e for e in evs if isinstance(e, m.ToolCallRequested)]:
             ends = [
                 "completed" if isinstance(e, m.ToolCallCompleted) else f"withdrawn:{e.reason}"
@@ -182,6 +182,7 @@ async def test_a_timed_out_call_is_withdrawn_and_the_model_gets_an_error() -> No
         done = await sink.terminal(tid)
     assert isinstance(done, m.TurnCompleted) and "did not answer" in (done.tool_calls[0].error or "")
     assert [(e.call_id, e.reason) for e in sink.of(tid) if isinstance(e, m.ToolCallWithdrawn)] == [("c1", "timeout")]
+    assert not [e for e in sink.of(tid) if isinstance(e, m.ToolCallCompleted)], "a withdrawn call ends once: no toolCallCompleted"
     sink.assert_well_formed(tid)
 
 
