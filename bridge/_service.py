@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 import msgspec
 import trio
@@ -35,6 +35,18 @@ from .engines.scripted import validate_script
 from .errors import BridgeError
 
 log = logging.getLogger("oam_bridge.service")
+
+
+async def _count_text(engine: Engine, text: str) -> int:
+    """Tokens of ``text`` alone, with no chat template or message framing around it (``""`` is
+    0): the engine's ``count_text`` (off the event loop unless the engine's counts are cheap),
+    else the cost of ``text`` as a user message, for an engine without one."""
+    count_text: Callable[[str], int] | None = getattr(engine, "count_text", None)
+    if count_text is None:
+        return await count_text_tokens(engine, text)
+    if not getattr(engine, "blocking_count", True):
+        return count_text(text)
+    return await trio.to_thread.run_sync(count_text, text)
 
 
 class TurnEvents:
@@ -308,7 +320,7 @@ class Service:
                 engine = self.registry.get(name)
             else:
                 engine = await trio.to_thread.run_sync(self.registry.get, name, None, abandon_on_cancel=True)
-        tokens = await count_text_tokens(engine, p.text)
+        tokens = await _count_text(engine, p.text)
         return m.CountTokensResult(tokens=tokens, prompt_tokens=prompt, context_size=engine.context_size)
 
     def engine_status(self) -> m.EngineStatusResult:

@@ -59,6 +59,10 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
     if args.llama_threads:
         llama_kwargs["n_threads"] = args.llama_threads
     registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs)
+    if args.model:  # a file the operator chose: a wrong one is said now, not at the first create
+        llama = next(e for e in registry.infos() if e.name == "llama")
+        if not llama.available:
+            log.warning("the llama engine is unavailable: %s", llama.reason)
     server = Server(registry, limits)
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
@@ -91,6 +95,8 @@ def _scripted_engine(path: str | None) -> ScriptedEngine:
         problem = f"cannot read it: {e.strerror or e}"
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         problem = f"not valid JSON: {e}"
+    except RecursionError:
+        problem = "not valid JSON: nested too deeply"
     except BridgeError as e:
         problem = e.message
     print(f"oam-bridge: --script {path}: {problem}", file=sys.stderr)

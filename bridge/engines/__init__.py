@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import sys
 import threading
 from typing import Any
 
@@ -25,6 +24,17 @@ def _default_model(name: str) -> str:
 
     return default_model_path()
 
+
+def _unusable_model(model: str) -> BridgeError:
+    return BridgeError(
+        "model_unavailable",
+        f"model {model!r} ({os.path.abspath(model)}) is not a GGUF file the llama engine can load "
+        "(a relative path is relative to the bridge's working directory)",
+        engine="llama",
+        model=model,
+    )
+
+
 # name -> (module, class); loaded lazily so a missing optional dependency only disables one.
 _OPTIONAL = {"native": ("bridge.engines.native", "NativeEngine"), "llama": ("bridge.engines.llama", "LlamaEngine")}
 AUTO_ORDER = ("native", "llama")
@@ -34,10 +44,15 @@ class EngineRegistry:
     def __init__(self, default: str = "auto", scripted: ScriptedEngine | None = None, **engine_kwargs: Any) -> None:
         self.default = default
         self._engines: dict[str, Engine] = {"scripted": scripted or ScriptedEngine()}
-        self._kwargs = engine_kwargs  # per engine name: constructor kwargs
+        # per engine name: constructor kwargs. The native engine runs Apple's model where the
+        # library can, else its scripted test backend (which auto never picks).
+        self._kwargs = {"native": {"backend": "best"}, **engine_kwargs}
         self._starting = threading.Lock()  # one construction at a time (preload thread vs get)
 
     def _availability(self, name: str, model_path: str | None = None) -> tuple[bool, str | None]:
+        """(available, reason): the reason says why not; for an engine that runs but is not a
+        model (the native library's scripted test backend) it says what runs instead, and
+        ``auto`` never picks it."""
         if name == "scripted":
             return True, None
         mod_name, _ = _OPTIONAL[name]
@@ -70,12 +85,8 @@ class EngineRegistry:
             return name
         reasons = []
         for cand in AUTO_ORDER:
-            if cand == "native" and sys.platform != "darwin":
-                # Elsewhere the library carries only its scripted model: never a default.
-                reasons.append("native: Apple's model exists only on macOS")
-                continue
             ok, reason = self._availability(cand)
-            if ok:
+            if ok and reason is None:
                 return cand
             reasons.append(f"{cand}: {reason}")
         raise BridgeError("model_unavailable", "no model engine is available (" + "; ".join(reasons) + ")")
@@ -96,18 +107,28 @@ class EngineRegistry:
 
     def get(self, name: str, model: str | None = None) -> Engine:
         """The engine ``name`` resolves to, started on first use. ``model``: the llama engine
-        on another GGUF file (one loaded model per file, shared by the NPCs that name it)."""
+        on another GGUF file (one loaded model per file, shared by the NPCs that name it); a
+        relative path is relative to the bridge's working directory."""
         name, key, kwargs = self._key(name, model)
         eng = self._engines.get(key)
         if eng is not None:
             return eng
         with self._starting:
-            return self._start(name, key, kwargs)
+            return self._start(name, key, kwargs, model if key != name else None)
 
-    def _start(self, name: str, key: str, kwargs: dict[str, Any]) -> Engine:
+    def _start(self, name: str, key: str, kwargs: dict[str, Any], named: str | None = None) -> Engine:
+        """``named``: the model file as the game named it, when it is not the bridge's own.
+        Every way such a file can be unusable (missing, unreadable, not GGUF, failing to load)
+        gets the same error, naming only the path the game gave: a create is no probe of
+        the bridge's file system, and never names a file the game did not (a symlink's target)."""
         eng = self._engines.get(key)
         if eng is not None:  # the preload thread finished while we waited
             return eng
+        if named is not None:
+            from .llama import model_file_problem
+
+            if model_file_problem(kwargs["model_path"]) is not None:
+                raise _unusable_model(named)
         ok, reason = self._availability(name, kwargs.get("model_path"))
         if not ok:
             raise BridgeError("model_unavailable", f"engine {name!r} is unavailable: {reason}", engine=name)
@@ -116,7 +137,12 @@ class EngineRegistry:
         try:
             started: Engine = cls(**kwargs)
         except Exception as e:
-            log.exception("engine %s failed to start", key)
+            # A model that does not load is the operator's or the game's file, not a bug here:
+            # one line on stderr; the traceback only at debug level.
+            log.warning("engine %s failed to start: %s", key, e)
+            log.debug("engine %s failed to start", key, exc_info=True)
+            if named is not None:
+                raise _unusable_model(named) from None
             raise BridgeError("model_unavailable", f"engine {name!r} failed to start: {e}", engine=name) from None
         self._engines[key] = started
         return started

@@ -63,7 +63,9 @@ class Message(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
 # Bounds on what a game may ask for: past them a value is a mistake, refused as invalid_params
 # when the options are decoded instead of overflowing inside an engine.
 MAX_MAX_TOKENS = 1_000_000
-MaxTokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_MAX_TOKENS)]  # 0: the engine's default
+# absent or null: the engine's default. 0 is refused: it meant the default on one engine and
+# was ignored on another, and a turn of no tokens is never what a game wants.
+MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_MAX_TOKENS)]
 Seed = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]  # what llama.cpp takes (uint32)
 Temperature = Annotated[float, msgspec.Meta(ge=0, le=100)]
 TopP = Annotated[float, msgspec.Meta(ge=0, le=1)]

@@ -113,16 +113,6 @@ def load() -> tuple[Any, Any]:
         return _loaded
 
 
-def availability() -> tuple[bool, str | None]:
-    try:
-        load()
-    except BridgeError as e:
-        return False, e.message
-    except Exception as e:  # dlopen / cdef failure
-        return False, f"cannot load libOamNative: {e}"
-    return True, None
-
-
 def _take_string(ffi: Any, lib: Any, p: Any) -> str | None:
     """Copy and free a library-allocated string exactly once."""
     if p == ffi.NULL:
@@ -143,6 +133,49 @@ def _error_from(payload: dict[str, Any] | None, default: str = "generation_faile
 
 
 _enc = msgspec.json.Encoder()
+_no_apple: str | None = None  # why the library has no Apple backend here, once known
+
+
+def apple_model() -> tuple[bool, str | None]:
+    """(available, reason): whether this library can run Apple's on-device model here. Asks
+    its ``apple`` backend (not prewarmed); off macOS 26 that backend does not exist at all,
+    which is remembered. The library must load (``load``)."""
+    global _no_apple
+    if _no_apple is not None:
+        return False, _no_apple
+    ffi, lib = load()
+    err = ffi.new("char **")
+    h = lib.oam_engine_create(_enc.encode({"backend": "apple", "prewarm": False}), err)
+    if h == ffi.NULL:
+        _no_apple = _error_from(msgspec.json.decode(_take_string(ffi, lib, err[0]) or "{}"), "model_unavailable").message
+        return False, _no_apple
+    try:
+        info = msgspec.json.decode(_take_string(ffi, lib, lib.oam_engine_info(h)) or "{}")
+    finally:
+        lib.oam_engine_destroy(h)
+    return bool(info.get("available")), info.get("reason")
+
+
+def scripted_backend_note(why: str | None) -> str:
+    """The ``reason`` an engine info carries when the library runs its scripted model; ``why``:
+    why Apple's model is not available (None: it is, and the scripted one was asked for)."""
+    what = f"Apple's model is not available here ({why})" if why else "started on the scripted model"
+    return f"test backend only: {what}; an NPC on this engine plays its script, then echoes the prompt, and auto never picks it"
+
+
+def availability() -> tuple[bool, str | None]:
+    """(available, reason). Available: the library loads, so an NPC created on engine
+    ``native`` runs. The reason says why not; or, for an available library that cannot run
+    Apple's model here (Linux, Windows, a Mac without Apple Intelligence), that what runs is
+    the scripted test backend: ``auto`` never picks an engine that is available with a reason."""
+    try:
+        load()
+        ok, why = apple_model()
+    except BridgeError as e:
+        return False, e.message
+    except Exception as e:  # dlopen / cdef failure
+        return False, f"cannot load libOamNative: {e}"
+    return True, None if ok else scripted_backend_note(why)
 
 
 def _with_property_order(schema: Any) -> Any:
@@ -187,7 +220,12 @@ class NativeEngine:
     blocking_count = True
 
     def __init__(self, backend: str = "scripted", script: list[dict[str, Any]] | None = None, **config: Any) -> None:
+        """``backend``: ``scripted`` (every platform), ``apple`` (Apple's model), or ``best``:
+        Apple's model where the library can run it here, else the scripted one (what the
+        bridge's engine registry asks for)."""
         self._ffi, self._lib = load()
+        if backend == "best":
+            backend = "apple" if apple_model()[0] else "scripted"
         cfg = {"backend": backend, **config}
         if script is not None:
             cfg["script"] = script
@@ -212,10 +250,13 @@ class NativeEngine:
         return int(self._info.get("contextSize", 0))
 
     def info(self) -> EngineInfo:
+        reason = self._info.get("reason")
+        if reason is None and self._info.get("backend") == "scripted":
+            reason = scripted_backend_note(apple_model()[1])
         return EngineInfo(
             name=self.name,
             available=bool(self._info.get("available", False)),
-            reason=self._info.get("reason"),
+            reason=reason,
             context_size=self.context_size,
             features=list(self._info.get("features", [])),
         )
@@ -252,6 +293,11 @@ class NativeEngine:
             if len(self._counts) > COUNT_CACHE_SIZE:
                 self._counts.popitem(last=False)
         return n
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` alone (``tokens/count``): the library counts whole prompts, so
+        this is the count of ``text`` as the instructions less that of empty instructions."""
+        return max(0, self.count_tokens(text, [], []) - self.count_tokens("", [], []))
 
     def set_script(self, npc_id: str, steps: list[Any]) -> None:
         """Give one NPC its own scripted model behind the same ABI."""

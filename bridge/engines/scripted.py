@@ -133,13 +133,13 @@ class ScriptedEngine:
         if isinstance(data, list):
             return cls(script=data)
         if not isinstance(data, dict):
-            raise BridgeError("invalid_params", f"{path}: a script file is a list of steps or an object", reason="invalid_script")
+            raise BridgeError("invalid_params", "a script file is a list of steps or an object", reason="invalid_script")
         npcs = data.get("npcs", {})
         size = data.get("contextSize", 4096)
         if not isinstance(npcs, dict):
-            raise BridgeError("invalid_params", f"{path}: npcs must map npc ids to steps", reason="invalid_script")
+            raise BridgeError("invalid_params", "npcs must map npc ids to steps", reason="invalid_script")
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise BridgeError("invalid_params", f"{path}: contextSize must be a positive integer", reason="invalid_script")
+            raise BridgeError("invalid_params", "contextSize must be a positive integer", reason="invalid_script")
         return cls(script=data.get("default", []), npc_scripts=npcs, context_size=size)
 
     @property
@@ -163,6 +163,10 @@ class ScriptedEngine:
 
     def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
         return _count_prompt(instructions, messages, tools)
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` alone (``tokens/count``): its words, no message overhead."""
+        return _count(text)
 
     def forget(self, npc_id: str) -> None:
         """Drop the NPC's script, its place in the default script and its kept requests."""

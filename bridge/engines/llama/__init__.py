@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ._engine import FEATURES, MAX_DEFAULT_CTX, LlamaEngine
 from ._grammar import TOOL_STRING_MAX
-from ._model import MODEL_FILE, availability, default_model_path
+from ._model import GGUF_MAGIC, MODEL_FILE, availability, default_model_path, model_file_problem
 
 __all__ = [
-    "FEATURES", "MAX_DEFAULT_CTX", "MODEL_FILE", "TOOL_STRING_MAX", "LlamaEngine", "availability",
-    "default_model_path",
+    "FEATURES", "GGUF_MAGIC", "MAX_DEFAULT_CTX", "MODEL_FILE", "TOOL_STRING_MAX", "LlamaEngine", "availability",
+    "default_model_path", "model_file_problem",
 ]

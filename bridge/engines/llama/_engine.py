@@ -201,3 +201,8 @@ class LlamaEngine:
             raise
         except Exception as e:
             raise BridgeError("generation_failed", f"llama generation failed: {type(e).__name__}: {e}") from e
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` alone, tokenized as the prompt tokenizes it, with no chat template
+        around it (``tokens/count``; ``""`` is 0). Any thread, like ``count_tokens``."""
+        return len(self._tokens(text)) if text else 0

@@ -85,12 +85,29 @@ def default_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], MODEL_FILE)
 
 
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
+
+
+def model_file_problem(path: str) -> str | None:
+    """Why ``path`` is not a model file llama.cpp could load, or None. A cheap check (the file
+    exists and starts with ``GGUF_MAGIC``), so a wrong file is reported at start-up instead
+    of by the first create; a file that passes can still fail to load."""
+    if not path or not os.path.isfile(path):  # isfile first: opening a FIFO would block
+        return f"model file not found: {path or '(none)'}"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as e:
+        return f"cannot read the model file {path}: {e.strerror or e}"
+    if head != GGUF_MAGIC:
+        return f"not a GGUF model file (it does not start with {GGUF_MAGIC.decode()}): {path}"
+    return None
+
+
 def availability(model_path: str | None = None) -> tuple[bool, str | None]:
     """(available, reason). A find_spec, not an import (see the module docstring): a broken
     install still fails, with the reason, at the first npc/create."""
     if importlib.util.find_spec("llama_cpp") is None:
         return False, "llama-cpp-python is not installed (pip install 'oam-bridge[llama]')"
-    path = model_path or default_model_path()
-    if not path or not os.path.isfile(path):
-        return False, f"model file not found: {path or '(none)'}"
-    return True, None
+    problem = model_file_problem(model_path or default_model_path())
+    return problem is None, problem
