@@ -299,6 +299,38 @@ async def test_errors_carry_code_string_and_retryable(any_client: Client) -> Non
     assert e.value.code == "npc_exists"
 
 
+NULL_STEPS = [
+    {"toolCalls": None},
+    {"error": None},
+    {"error": "busy", "message": None},
+    {"toolCalls": [{"name": "check_inventory", "id": None}]},
+    {"text": None},
+    {"text": "hi", "warnings": None},
+]
+
+
+@req("S-SCRIPT-1")
+async def test_a_null_in_a_script_step_is_refused_at_create_except_a_null_json_answer(any_client: Client) -> None:
+    # null is not "absent": a step key given null is refused where the script is given, on
+    # every engine (it once failed the turn later: internal_error, or a retryable
+    # generation_failed, or a turn/failed whose message was null).
+    c = any_client
+    for k, step in enumerate(NULL_STEPS):
+        with pytest.raises(RpcError) as e:
+            await create(c, f"n{k}", script=[step])
+        assert (e.value.code, e.value.error["data"].get("reason")) == ("invalid_params", "invalid_script"), step
+        with pytest.raises(RpcError) as e:
+            await c.call("npc/restore", {"save": {"version": 1, "config": {"npcId": f"n{k}", "script": [step]}, "turns": []}})
+        assert e.value.code == "invalid_params", step
+    assert (await c.call("npc/list", {}))["npcs"] == []
+    await create(c, script=[{"json": None}, {"error": "busy"}])
+    _, done = await c.turn("keeper", "Anything?")
+    assert done["method"] == "turn/completed" and done["params"]["text"] == "null"
+    _, failed = await c.turn("keeper", "And now?")
+    err = failed["params"]["error"]
+    assert err["code"] == "busy" and err["retryable"] is True and isinstance(err["message"], str) and err["message"]
+
+
 @req("N-LIFE-1")
 async def test_reset_list_and_delete(any_client: Client) -> None:
     c = any_client

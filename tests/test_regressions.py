@@ -694,3 +694,26 @@ async def test_turns_of_a_deleted_or_replaced_npc_still_end_when_stdin_closes_at
             b.assert_well_formed(turn_id)
         assert b"dropped" not in bytes(b.stderr), bytes(b.stderr)
 
+
+
+# ---- found by the measurement run against issue 9's "Done when" ----
+
+
+async def test_a_null_in_a_script_step_is_invalid_params_at_create_not_a_failed_turn(tmp_path: Any) -> None:
+    # The recipe: create with {"toolCalls": null}, then respond: the turn failed with
+    # internal_error (stream_step iterated None). {"error": null} failed it as a retryable
+    # generation_failed, {"error": "busy", "message": null} sent "message": null. Decided:
+    # null is refused at the request that carries the script (only "json" may be null).
+    steps = [{"toolCalls": None}, {"error": None}, {"error": "busy", "message": None}]
+    async with bridge() as b:
+        await b.send(INIT)
+        for k, step in enumerate(steps):
+            await b.send(rpc(f"c{k}", "npc/create", {"npcId": "a", "script": [step]}), rpc(f"r{k}", "npc/respond", {"npcId": "a", "prompt": "hi"}))
+            created = await b.response(f"c{k}")
+            assert error_code(created) == "invalid_params" and created["error"]["data"]["reason"] == "invalid_script", step
+            assert error_code(await b.response(f"r{k}")) == "unknown_npc"
+        assert not [m for m in b.messages if isinstance(m, dict) and "internal_error" in json.dumps(m)]
+    script = tmp_path / "scene.json"
+    script.write_text(json.dumps({"npcs": {"a": [{"toolCalls": None}]}}))
+    r = subprocess.run(bridge_command("--script", str(script)), cwd=BRIDGE_ROOT, env=bridge_env(), capture_output=True, text=True, timeout=GUARD, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and r.stdout == "" and "toolCalls" in r.stderr

@@ -12,8 +12,9 @@ A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> 
 When an NPC's script runs out the engine echoes the last user message, so a bridge started
 without a script still answers.
 
-Steps given as data are checked when they are set (``validate_script``): anything else is
-``invalid_params`` with ``data.reason`` ``"invalid_script"``, at the request that carried it.
+Steps given as data are checked when they are set (``validate_script``): anything else, a
+``null`` for any key but ``"json"`` included, is ``invalid_params`` with ``data.reason``
+``"invalid_script"``, at the request that carried it.
 The engine plays what the script says whatever the step's ``tool_mode``: judging a call on a
 disallowed step, or a missing one on a required step, is the agent's job (``bridge._agent``).
 It keeps the last ``max_requests`` step requests (``requests``, for tests) and forgets an
@@ -54,9 +55,15 @@ MAX_DELAY_MS = 86_400_000  # a day, like toolTimeoutMs
 _DelayMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_MS)]
 
 
+# A key may be absent, but only ``json`` (any JSON answer, null included) may be null: the
+# steps are played from the dicts themselves, where a null would be taken for a value
+# (``{"toolCalls": null}`` once failed the turn with internal_error, ``{"error": null}`` as
+# generation_failed). UNSET fields accept their type only, never null.
+
+
 class _ScriptedCall(msgspec.Struct, forbid_unknown_fields=True):
     name: str
-    id: str | None = None
+    id: str | msgspec.UnsetType = msgspec.UNSET
     arguments: dict[str, Any] = {}
 
 
@@ -64,10 +71,10 @@ class _ScriptedStep(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     """The shape of one step given as data (checked, then played from the dict itself)."""
 
     text: str = ""
-    tool_calls: list[_ScriptedCall] | None = None
+    tool_calls: list[_ScriptedCall] | msgspec.UnsetType = msgspec.UNSET
     json: Any = None
-    error: str | None = None
-    message: str | None = None
+    error: str | msgspec.UnsetType = msgspec.UNSET
+    message: str | msgspec.UnsetType = msgspec.UNSET
     delay_ms: _DelayMs = 0
     chunk_ms: _DelayMs = 0
     warnings: list[str] = []
