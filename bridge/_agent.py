@@ -729,16 +729,25 @@ class Npc:
     async def _run_calls(
         self, turn: Turn, calls: list[ToolCall], calls_made: int, p: m.RespondParams, shown: dict[str, ToolSpec]
     ) -> list[tuple[Any, str | None]]:
-        """Run one step's calls concurrently; results keep call order. Errors become outputs."""
+        """Run one step's calls concurrently; results keep call order. Errors become outputs.
+
+        A call whose id repeats an earlier one of the batch gets its error output (the model
+        sees it) but no event: its callId names the earlier call, which may be the game's to
+        run, and that call ends with exactly one event of its own."""
         results: list[tuple[Any, str | None]] = [(None, None)] * len(calls)
         room = p.max_tool_calls - calls_made
         seen: set[str] = set()
         problems: list[str | None] = []
+        repeats: list[bool] = []
         for i, call in enumerate(calls):
-            problems.append(self._call_problem(call, shown, over_budget=i >= room, duplicate=call.id in seen))
+            repeats.append(call.id in seen)
+            problems.append(self._call_problem(call, shown, over_budget=i >= room, duplicate=repeats[i]))
             seen.add(call.id)
 
         async def one(i: int, call: ToolCall) -> None:
+            if repeats[i]:
+                results[i] = (None, problems[i])
+                return
             results[i] = await self._one_call(turn, call, p.tool_timeout_ms, problems[i])
 
         async with trio.open_nursery() as nursery:
@@ -767,33 +776,49 @@ class Npc:
         if problem is not None:
             await self._emit(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, error=problem)
             return None, problem
+        # A turn cancelled before this task first ran asks the game for nothing more.
+        await trio.lowlevel.checkpoint_if_cancelled()
         pc = _PendingCall(call)
         await self._emit(turn, m.ToolCallRequested, call_id=call.id, name=call.name, arguments=call.arguments, timeout_ms=timeout_ms)
         # Registered right after the request is put (no checkpoint between): the game can only
         # answer calls it was told about, and every call it was told about ends in exactly one
         # of toolCallCompleted / toolCallWithdrawn.
         self.pending[call.id] = pc
-        cancelled = False
         try:
             with trio.move_on_after(timeout_ms / 1000 if timeout_ms > 0 else math.inf):
                 await pc.done.wait()
-        except trio.Cancelled:
-            cancelled = True
+        except BaseException:
+            # The turn ends while the call waits: npc.cancel (which withdrew it), the host going
+            # away, a sibling call failing; or the game's answer was accepted and the turn ended
+            # before this task ran (its timeout fell due, then one scheduler pass ran the submit
+            # and the cancel first). Whichever: the call's one ending event, put at once.
+            if not pc.done.is_set():
+                pc.withdrawn = turn.end_reason
+                pc.done.set()
+            self._put_call_end(turn, pc)
             raise
         finally:
             if self.pending.get(call.id) is pc:
                 del self.pending[call.id]
-            if not pc.done.is_set():  # timed out, or cancelled other than by npc.cancel
-                pc.withdrawn = turn.end_reason if cancelled else "timeout"
-                pc.done.set()
-            if pc.withdrawn is not None:
-                self._put(turn, m.ToolCallWithdrawn, call_id=call.id, name=call.name, reason=pc.withdrawn)
-        if pc.withdrawn == "timeout":
-            # The game was told (toolCallWithdrawn, its one ending event); the model sees the
-            # timeout as the call's error output, and turn/completed's record says so.
-            return None, f"the game did not answer {call.name} within {timeout_ms} ms"
+        if not pc.done.is_set():
+            pc.withdrawn = "timeout"
+            pc.done.set()
         if pc.withdrawn is not None:
-            await trio.lowlevel.checkpoint()  # withdrawn by cancel: the turn's scope is cancelled
+            self._put_call_end(turn, pc)
+            if pc.withdrawn == "timeout":
+                # The game was told (toolCallWithdrawn, its one ending event); the model sees
+                # the timeout as the call's error output, and turn/completed's record says so.
+                return None, f"the game did not answer {call.name} within {timeout_ms} ms"
+            await trio.lowlevel.checkpoint()  # withdrawn by npc.cancel: the turn's scope is cancelled
             return None, None
         await self._emit_owed(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=pc.output, error=pc.error)
         return pc.output, pc.error
+
+    def _put_call_end(self, turn: Turn, pc: _PendingCall) -> None:
+        """A requested call's one ending event, without waiting: withdrawn, or completed with
+        the game's answer."""
+        call = pc.call
+        if pc.withdrawn is not None:
+            self._put(turn, m.ToolCallWithdrawn, call_id=call.id, name=call.name, reason=pc.withdrawn)
+        else:
+            self._put(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=pc.output, error=pc.error)

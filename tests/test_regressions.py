@@ -717,3 +717,138 @@ async def test_a_null_in_a_script_step_is_invalid_params_at_create_not_a_failed_
     script.write_text(json.dumps({"npcs": {"a": [{"toolCalls": None}]}}))
     r = subprocess.run(bridge_command("--script", str(script)), cwd=BRIDGE_ROOT, env=bridge_env(), capture_output=True, text=True, timeout=GUARD, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stdout == "" and "toolCalls" in r.stderr
+
+
+CALLS = [{"id": f"c{i}", "name": "check_inventory", "arguments": {"item": "ale"}} for i in (1, 2, 3)]
+
+
+def assert_every_requested_call_ends_once(b: Bridge, turn_id: str) -> dict[str, str]:
+    """Every call the turn requested ends with exactly one of toolCallCompleted and
+    toolCallWithdrawn, after its request; returns each call's ending event."""
+    requested: list[str] = []
+    ends: dict[str, list[str]] = {}
+    for e in b.events(turn_id):
+        call_id = e["params"].get("callId")
+        if e["method"] == "turn/toolCallRequested":
+            requested.append(call_id)
+        elif e["method"] in ("turn/toolCallCompleted", "turn/toolCallWithdrawn") and call_id in requested:
+            ends.setdefault(call_id, []).append(e["method"])
+    assert len(set(requested)) == len(requested), f"a call was requested twice: {requested}"
+    wrong = {c: ends.get(c, []) for c in requested if len(ends.get(c, [])) != 1}
+    assert not wrong, f"turn {turn_id}: calls without exactly one ending event: {wrong}"
+    return {c: ends[c][0] for c in requested}
+
+
+async def test_a_call_answered_after_its_timeout_fell_due_still_ends_when_the_turn_is_cancelled() -> None:
+    # Found by the 1M-input fuzz run (three calls of one turn neither completed nor
+    # withdrawn). A call's timeout falls due while the event loop is busy; in the next
+    # scheduler pass the reader runs before the call's task (trio orders a pass's tasks
+    # either way round, so each round here hits it one time in two): the game's submit is
+    # accepted, then npc/cancel ends the turn, and the task, woken by its timeout, saw the
+    # turn's cancellation with its call answered and put no ending event at all.
+    slow_tool = {"name": "slow", "parameters": {"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": 1} for i in range(500)}}}
+    async with bridge("--poll-us", "0", guard=60) as b:
+        await b.send(INIT)
+        for k in range(12):
+            npc = f"a{k}"
+            await b.call(f"c{k}", "npc/create", {"npcId": npc, "tools": [TOOL], "script": [{"toolCalls": CALLS}, {"text": "Three.", "delayMs": 5000}]})
+            turn_id = (await b.call(f"r{k}", "npc/respond", {"npcId": npc, "prompt": "Ale?", "toolTimeoutMs": 100}))["turnId"]
+            for c in CALLS:
+                await b.event("turn/toolCallRequested", turnId=turn_id, callId=c["id"])
+            # a create whose schema check keeps the loop busy past the calls' timeout
+            await b.send(rpc(f"slow{k}", "npc/create", {"npcId": f"slow{k}", "tools": [slow_tool]}))
+            await trio.sleep(0.05)
+            submits = [rpc(f"s{k}.{c['id']}", "npc/submit", {"npcId": npc, "callId": c["id"], "output": 3}) for c in CALLS]
+            await b.send(*submits, rpc(f"x{k}", "npc/cancel", {"npcId": npc}))
+            done = await b.terminal(turn_id)
+            assert done["method"] == "turn/failed"
+            b.assert_well_formed(turn_id)
+            ends = assert_every_requested_call_ends_once(b, turn_id)
+            for c in CALLS:
+                accepted = "result" in await b.response(f"s{k}.{c['id']}")
+                assert ends[c["id"]] == ("turn/toolCallCompleted" if accepted else "turn/toolCallWithdrawn"), (k, c["id"], accepted, ends)
+
+
+@pytest.mark.parametrize("how", ["cancel", "delete", "reset", "restore", "shutdown", "stdin_eof", "exit"])
+async def test_every_requested_call_of_a_batch_ends_once_whatever_ends_the_turn(how: str) -> None:
+    # A batch of four: three the game is asked to run, one whose arguments break the schema
+    # (the model gets an error output, the game no request). The game answers one; then the
+    # turn is ended while the other two wait.
+    calls = [*CALLS, {"id": "bad", "name": "check_inventory", "arguments": {"item": 5}}]
+    ending = {
+        "cancel": [rpc("end", "npc/cancel", {"npcId": "a"})],
+        "delete": [rpc("end", "npc/delete", {"npcId": "a"})],
+        "reset": [rpc("end", "npc/reset", {"npcId": "a"})],
+        "restore": [rpc("end", "npc/restore", {"save": {"version": 1, "config": {"npcId": "a"}, "turns": []}})],
+        "shutdown": [rpc("end", "shutdown")],
+        "stdin_eof": [],
+        "exit": [note("exit")],
+    }[how]
+    async with bridge() as b:
+        await b.send(INIT)
+        await b.call(1, "npc/create", {"npcId": "a", "tools": [TOOL], "script": [{"toolCalls": calls}, {"text": "Three."}]})
+        turn_id = (await b.call(2, "npc/respond", {"npcId": "a", "prompt": "Ale?", "toolTimeoutMs": 0}))["turnId"]
+        for c in CALLS:
+            await b.event("turn/toolCallRequested", turnId=turn_id, callId=c["id"])
+        assert await b.call(3, "npc/submit", {"npcId": "a", "callId": "c2", "output": 3}) == {"accepted": True}
+        await b.event("turn/toolCallCompleted", turnId=turn_id, callId="c2")
+        await b.send(*ending)
+        if how in ("stdin_eof", "exit"):
+            await b.close_stdin()
+        done = await b.terminal(turn_id)
+        assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "cancelled"
+        b.assert_well_formed(turn_id)
+        reason = "cancelled" if how in ("cancel", "reset") else "turn_ended"
+        ends = assert_every_requested_call_ends_once(b, turn_id)
+        assert ends == {"c1": "turn/toolCallWithdrawn", "c2": "turn/toolCallCompleted", "c3": "turn/toolCallWithdrawn"}
+        withdrawn = [e["params"]["reason"] for e in b.events(turn_id) if e["method"] == "turn/toolCallWithdrawn"]
+        assert withdrawn == [reason, reason]
+        bad = [e["params"] for e in b.events(turn_id) if e["params"].get("callId") == "bad"]
+        assert [(p["error"] or "")[:17] for p in bad] == ["invalid arguments"], "the invalid call: one completed event, with its error"
+
+
+@pytest.mark.parametrize("then", ["error_step", "context_exceeded", "schema_broken"])
+async def test_every_requested_call_ends_once_when_the_turn_fails_after_the_round(then: str) -> None:
+    # The step after the round fails the turn: every call of the round had ended before it.
+    respond: dict[str, Any] = {"npcId": "a", "prompt": "Ale?"}
+    output: Any = 3
+    next_step: dict[str, Any] = {"text": "Three."}
+    if then == "error_step":
+        next_step = {"error": "refusal"}
+    elif then == "context_exceeded":
+        output = words(5000)  # the next step's prompt no longer fits the 4,096-token window
+    else:
+        respond["schema"] = {"type": "object"}
+    code = {"error_step": "refusal", "context_exceeded": "context_size_exceeded", "schema_broken": "generation_failed"}[then]
+    async with bridge() as b:
+        await b.send(INIT)
+        await b.call(1, "npc/create", {"npcId": "a", "tools": [TOOL], "script": [{"toolCalls": CALLS}, next_step]})
+        turn_id = (await b.call(2, "npc/respond", respond))["turnId"]
+        for c in CALLS:
+            await b.event("turn/toolCallRequested", turnId=turn_id, callId=c["id"])
+        await b.send(*[rpc(f"s{c['id']}", "npc/submit", {"npcId": "a", "callId": c["id"], "output": output}) for c in CALLS])
+        done = await b.terminal(turn_id)
+        assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == code
+        b.assert_well_formed(turn_id)
+        assert set(assert_every_requested_call_ends_once(b, turn_id).values()) == {"turn/toolCallCompleted"}
+
+
+async def test_a_call_repeating_an_id_of_its_batch_gets_an_error_output_and_no_event() -> None:
+    # The game is asked to run c1 once; a second call with the same id in the batch is the
+    # model's mistake: the model gets an error output for it, and the game no event, since
+    # its callId would name the call the game is running (two ending events for one call).
+    calls = [CALLS[0], {"id": "c1", "name": "check_inventory", "arguments": {"item": "mead"}}]
+    async with bridge() as b:
+        await b.send(INIT)
+        await b.call(1, "npc/create", {"npcId": "a", "tools": [TOOL], "script": [{"toolCalls": calls}, {"text": "Three."}]})
+        turn_id = (await b.call(2, "npc/respond", {"npcId": "a", "prompt": "Ale?"}))["turnId"]
+        await b.event("turn/toolCallRequested", turnId=turn_id, callId="c1")
+        assert await b.call(3, "npc/submit", {"npcId": "a", "callId": "c1", "output": 3}) == {"accepted": True}
+        done = await b.terminal(turn_id)
+        assert done["method"] == "turn/completed"
+        b.assert_well_formed(turn_id)
+        assert assert_every_requested_call_ends_once(b, turn_id) == {"c1": "turn/toolCallCompleted"}
+        c1 = [(e["method"], e["params"].get("output"), e["params"].get("error")) for e in b.events(turn_id) if e["params"].get("callId") == "c1"]
+        assert c1 == [("turn/toolCallRequested", None, None), ("turn/toolCallCompleted", 3, None)]
+        records = done["params"]["toolCalls"]
+        assert [(r["callId"], r.get("output"), (r.get("error") or "")[:9]) for r in records] == [("c1", 3, ""), ("c1", None, "duplicate")]
