@@ -241,16 +241,18 @@ def reorder_to_schema(value: Any, schema: dict[str, Any] | None) -> Any:
 
 
 def render_instructions(config: m.NpcConfig) -> str:
+    """The persona in plain sentences, then the game's own instructions. The name is said
+    twice on purpose: small models otherwise invent one when the player asks for it."""
     parts = []
     p = config.persona
     if p is not None:
-        line = f"You are {p.name}" + (f", {p.role}" if p.role else "") + "."
-        parts.append(line)
+        parts.append(f"You are {p.name}" + (f", {p.role}" if p.role else "") + f". Your name is {p.name}.")
         if p.traits:
-            parts.append("Traits: " + ", ".join(p.traits) + ".")
+            traits = p.traits[0] if len(p.traits) == 1 else ", ".join(p.traits[:-1]) + " and " + p.traits[-1]
+            parts.append(f"You are {traits}.")
         if p.speech_style:
-            parts.append("Speech style: " + p.speech_style)
-        parts.append("Stay in character.")
+            parts.append("How you speak: " + p.speech_style)
+        parts.append(f"Stay in character: reply with only what {p.name} says out loud, and never call yourself by another name.")
     if config.instructions:
         parts.append(config.instructions)
     return "\n".join(parts)
@@ -632,6 +634,7 @@ class Npc:
                 schema=p.schema,
                 options=self.config.options,
                 step_index=step,
+                speaker=self.config.persona.name if self.config.persona else None,
             )
             text = ""
             calls: list[ToolCall] = []

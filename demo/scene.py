@@ -27,7 +27,7 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": sorted(INVENTORY)}}, "required": ["item"]},
     }
 ]
-LINES = [("Good evening! Is this place open?", "none"), ("Do you have any ale left?", "required")]
+LINES = [("Good evening! What's your name?", "none"), ("Do you have any ale left?", "required")]
 
 
 class Bridge:
@@ -67,7 +67,8 @@ def main() -> int:
     bridge = Bridge(args.engine)
     init = bridge.call("initialize", {"protocolVersion": 1, "clientInfo": {"name": "tavern-demo", "version": "1"}})
     print("engines:", ", ".join(f"{e['name']}={'yes' if e['available'] else 'no'}" for e in init["engines"]))
-    if args.engine == "auto" and not any(e["available"] for e in init["engines"] if e["name"] != "scripted"):
+    # a model engine: available, and not a test backend (those say why in "reason")
+    if args.engine == "auto" and not any(e["available"] and e["reason"] is None for e in init["engines"] if e["name"] != "scripted"):
         print("no model engine is available here; playing the scripted scene instead")
         args.engine = "scripted"
     create: dict = {"npcId": "greta", "persona": {"name": "Greta", "role": "the keeper of the Rusty Flagon tavern", "traits": ["gruff", "warm-hearted"], "speechStyle": "Short, plain sentences."}, "tools": TOOLS, "options": {"temperature": 0.0, "maxTokens": 60, "seed": 7}}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.engines.base import GenerationOptions, Message, StepRequest, ToolMode, ToolSpec
+from bridge.engines.base import ToolCall, GenerationOptions, Message, StepRequest, ToolMode, ToolSpec
 from bridge.engines.llama import _grammar as g
 from bridge.engines.llama._prompt import PromptRenderer
 
@@ -128,6 +128,30 @@ def test_prompt_shows_the_tools_given_and_says_must_on_a_required_step() -> None
     allowed = r.render("You are a guard.", [Message("user", "hi")], [DOOR], "allowed")
     required = r.render("You are a guard.", [Message("user", "hi")], [DOOR], "required")
     bare = r.render("You are a guard.", [Message("user", "hi")], [], "disallowed")
-    assert "- door: Open" in allowed and "You must call a tool now." not in allowed
-    assert "You must call a tool now." in required
+    assert "- door with which (one of front, back): Open" in allowed and "Call one of these tools now." not in allowed
+    assert "Call one of these tools now." in required
     assert "tool" not in bare and bare.endswith("<|im_start|>assistant\n")
+
+
+def test_tool_rounds_are_told_as_facts_and_never_shown_as_json() -> None:
+    # A small model imitates what its history shows: no call envelopes, no tool labels,
+    # no braces; the game's answer is a fact in words, only for the turn being generated.
+    r = PromptRenderer(None, "", "")
+    call = Message("assistant", "", [ToolCall("c1", "check_inventory", {"item": "ale"})])
+    result = Message("tool", '{"item":"ale","inStock":3}', tool_call_id="c1", name="check_inventory")
+    earlier = [Message("user", "Any ale?"), call, result, Message("assistant", "Three left.")]
+    now = r.render("You keep the inn.", [*earlier, Message("user", "And bread?"),
+                                         Message("assistant", "", [ToolCall("c2", "check_inventory", {"item": "bread"})]),
+                                         Message("tool", '{"item":"bread","inStock":12}', tool_call_id="c2", name="check_inventory")], [])
+    assert "Facts for your answer: item bread, in stock 12." in now
+    assert "in stock 3" not in now, "an earlier turn's facts are in its spoken line"
+    assert "{" not in now and "check_inventory" not in now and "tool" not in now
+    assert now.count("<|im_start|>user") == 2 and "Three left." in now
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_message() -> None:
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+              "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    r = PromptRenderer(strict, "", "")
+    out = r.render("You are a guard.", [Message("user", "hi")], [])
+    assert out == "[user] You are a guard.\n\nhi\n"

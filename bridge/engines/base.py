@@ -89,6 +89,9 @@ class StepRequest(msgspec.Struct, frozen=True):
     schema: dict[str, Any] | None
     options: GenerationOptions
     step_index: int
+    # The NPC's name (its persona's), for engines that keep a small model in character:
+    # the llama engine makes the NPC say this name where it would introduce itself.
+    speaker: str | None = None
 
 
 class TextChunk(msgspec.Struct, frozen=True):

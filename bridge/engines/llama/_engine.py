@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -28,6 +29,20 @@ from ._worker import Emit, Generator, run_in_thread
 MAX_DEFAULT_CTX = 8192
 FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache"]
 COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
+# Logit bias toward the values the game's tools answered, until each is said once (see
+# Generator.generate): the bundled model otherwise rarely says the count or the price it
+# was given (bench/bench_quality.py, "grounded"). $OAM_LLAMA_FACT_BIAS; 0 turns it off.
+FACT_BIAS = 4.0
+NAME_BIAS = 6.0  # toward the NPC's name when the player asks for it (once, like FACT_BIAS)
+RECENT_LINES = 2  # the NPC's last lines that the repetition penalties count as said
+
+
+# The player asks who the NPC is: "what's your name", "who are you", "what do they call you".
+_ASKS_NAME = re.compile(r"\b(?:your name|who are you|who're you|call you|who runs|who is the)\b", re.I)
+
+
+def _last_user(messages: list[Message]) -> str:
+    return next((m.content for m in reversed(messages) if m.role == "user"), "")
 
 
 class LlamaEngine:
@@ -58,6 +73,7 @@ class LlamaEngine:
         self._closed = False
         self._counts: OrderedDict[bytes, int] = OrderedDict()
         self._states = StateCache(cache_bytes)
+        self.fact_bias = float(os.environ.get("OAM_LLAMA_FACT_BIAS", FACT_BIAS))
         if not ok:
             return
         if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
@@ -158,7 +174,24 @@ class LlamaEngine:
             except Exception as e:
                 raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
             warnings.extend(grammar_warnings)
-            done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, stop, emit)
+            spoken = request.schema is None and not (request.tools and request.tool_mode == "required")
+            boost: dict[int, float] = {}
+            if spoken:
+                for v in self._renderer.fact_values(request.messages) if self.fact_bias else []:
+                    for form in (" " + v, v):
+                        ids = self._tokens(form)
+                        if ids:
+                            boost[ids[0]] = self.fact_bias
+            if spoken and request.speaker and _ASKS_NAME.search(_last_user(request.messages)):
+                for form in (" " + request.speaker, request.speaker):  # said once, then free
+                    if ids := self._tokens(form):
+                        boost[ids[0]] = NAME_BIAS
+            recent: list[int] = []
+            if spoken and not boost:  # after a tool round, the facts matter more than variety
+                lines = [m.content for m in request.messages if m.role == "assistant" and m.content][-RECENT_LINES:]
+                recent = self._tokens(" ".join(lines)) if lines else []
+            done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, spoken,
+                                      request.speaker if spoken else None, stop, emit, boost, recent)
             if done is not None:
                 emit(("done", *done))
 

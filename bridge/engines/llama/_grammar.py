@@ -22,7 +22,8 @@ import msgspec
 from bridge.engines.base import StepRequest, ToolSpec
 
 CALL_PREFIX = '{"tool_calls"'
-# A free string argument without a length bound can run the call to maxTokens: bound it.
+# A free string (a tool argument or a field of a JSON answer) without a length bound can run
+# until maxTokens and never close: the grammar bounds it.
 TOOL_STRING_MAX = 256
 MAX_CALLS = 4  # calls per batch the grammar allows
 GRAMMAR_CACHE_SIZE = 256
@@ -114,7 +115,7 @@ def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None
     warnings: list[str] = []
 
     def answer() -> str:
-        return gbnf(for_grammar(schema, "schema", warnings, None))
+        return gbnf(for_grammar(schema, "schema", warnings, TOOL_STRING_MAX))
 
     if not tools:
         return (answer() if schema is not None else None), tuple(dict.fromkeys(warnings))
@@ -129,8 +130,9 @@ def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None
             ans = re.sub(rf"(?<![A-Za-z0-9-]){re.escape(n)}(?![A-Za-z0-9-])", f"oamans-{n}", ans)
         text = call + "\n" + ans + "\nroot ::= oamcall | oamans-root\n"
     else:
-        # leading marker: a tool call starts with '{"tool_calls"', free text never starts with '{'
-        text = call + '\noamtext ::= [^{ \\t\\n\\r] [^\\x00]*\nroot ::= oamcall | oamtext\n'
+        # a tool call starts with '{"tool_calls"'; free text has no brace at all (a small
+        # model otherwise speaks JSON envelopes as dialogue)
+        text = call + '\noamtext ::= [^{} \\t\\n\\r] [^{}\\x00]*\nroot ::= oamcall | oamtext\n'
     return text, tuple(dict.fromkeys(warnings))
 
 

@@ -3,9 +3,69 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from bridge.engines.base import Message, ToolSpec
+
+
+def _describe(schema: Any) -> str:
+    """A property's schema in a few words: its allowed values, or its type."""
+    if not isinstance(schema, dict):
+        return ""
+    if "enum" in schema and isinstance(schema["enum"], list):
+        return "one of " + ", ".join(str(v) for v in schema["enum"])
+    if "const" in schema:
+        return f"always {schema['const']}"
+    kind = schema.get("type")
+    what = kind if isinstance(kind, str) else ""
+    if isinstance(schema.get("description"), str):
+        what = (what + ", " if what else "") + schema["description"]
+    return what
+
+
+def _props(schema: Any) -> list[str]:
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        return []
+    return [f"{k} ({d})" if (d := _describe(v)) else k for k, v in props.items()]
+
+
+def _arguments(parameters: Any) -> str:
+    props = _props(parameters)
+    return f" with {', '.join(props)}" if props else ""
+
+
+def _fields(schema: Any) -> str:
+    props = _props(schema)
+    return f" with the fields {'; '.join(props)}" if props else f" matching {json.dumps(schema)}"
+
+
+def _key(key: str) -> str:
+    """A JSON key as words: ``inStock`` and ``in_stock`` say "in stock"."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", key).replace("_", " ").lower()
+
+
+def _words(content: str) -> str:
+    """A tool output in plain words: JSON objects and lists lose their braces and quotes
+    (a small model copies braces into its speech), anything else is shown as it is."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return content
+
+    def say(v: Any) -> str:
+        if isinstance(v, dict):
+            return ", ".join(f"{_key(k)} {say(x)}" for k, x in v.items())
+        if isinstance(v, list):
+            return "; ".join(say(x) for x in v)
+        if v is None:
+            return "none"
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        return str(v)
+
+    return say(value)
 
 
 def _raise(msg: str) -> None:
@@ -37,34 +97,72 @@ class PromptRenderer:
     def system_text(instructions: str, tools: list[ToolSpec], tool_mode: str, schema: dict[str, Any] | None) -> str:
         """The system message: the instructions, the step's tools exactly as the request gives
         them (the agent decides which a step shows; "must" on a required step) and the
-        answer's schema."""
+        answer's fields.
+
+        Tools and fields are described in words, not as JSON Schema: a small model repeats
+        what it reads, and the grammar enforces the exact shape anyway."""
         parts = [instructions] if instructions else []
         if tools:
-            lines = ["You can call these tools:"]
-            for t in tools:
-                lines.append(f"- {t.name}: {t.description} Arguments schema: {json.dumps(t.parameters)}")
-            lines.append('To call tools, reply with only JSON: {"tool_calls":[{"name":"<tool>","arguments":{...}}]}')
+            lines = ["Tools the game runs for you:"]
+            lines += [f"- {t.name}{_arguments(t.parameters)}: {t.description}".rstrip() for t in tools]
             if tool_mode == "required":
-                lines.append("You must call a tool now.")
+                lines.append("Call one of these tools now.")
+            else:
+                lines.append('When one of them is needed, reply with only the call as JSON, '
+                             '{"tool_calls":[{"name":...,"arguments":{...}}]}; otherwise speak.')
             parts.append("\n".join(lines))
         if schema is not None:
-            parts.append("Answer with JSON matching this schema: " + json.dumps(schema))
+            parts.append("Reply with a JSON object" + _fields(schema) + ".")
         return "\n\n".join(parts)
 
     @staticmethod
+    def fact_values(messages: list[Message]) -> list[str]:
+        """The short values (numbers, names) the game's tools answered in the turn being
+        generated, as they would be said."""
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        values: list[str] = []
+
+        def walk(v: Any) -> None:
+            if isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif isinstance(v, list):
+                for x in v:
+                    walk(x)
+            elif isinstance(v, (int, float, str)) and not isinstance(v, bool) and 0 < len(str(v)) <= 24:
+                values.append(str(v))
+
+        for m in messages[last_user + 1 :]:
+            if m.role == "tool" and not m.is_error:
+                try:
+                    walk(json.loads(m.content))
+                except ValueError:
+                    pass
+        return list(dict.fromkeys(values))
+
+    @staticmethod
     def chat_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:
-        """The transcript as chat-template messages: past calls as the JSON the model would
-        write, tool outputs labelled with the call they answer."""
+        """The transcript as alternating user and assistant messages (the shape every chat
+        template accepts): the player's lines and the NPC's spoken lines.
+
+        Tool rounds are not shown as the calls the model wrote: a small model imitates the
+        JSON and the labels it sees in its history, and speaks them. What the game's tools
+        answered in the turn being generated is told in words at the end of the system
+        message ("Facts for your answer: ...", no tool names, no braces); of the rendering
+        tried with bench/bench_quality.py on the bundled model it was the one the model used
+        most and never repeated or answered out of character. An earlier turn's tool
+        results are not shown: the NPC's line of that turn says what it made of them."""
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        facts = []
+        for m in messages[last_user + 1 :]:
+            if m.role == "tool":
+                said = _words(m.content).rstrip(".") + "."
+                facts.append(f"That did not work: {said}" if m.is_error else said)
+        if facts:
+            system = (system + "\n\n" if system else "") + "Facts for your answer: " + " ".join(facts)
         msgs: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         for m in messages:
-            if m.role == "assistant" and m.tool_calls:
-                calls = {"tool_calls": [{"name": c.name, "arguments": c.arguments} for c in m.tool_calls]}
-                content = (m.content + "\n" if m.content else "") + json.dumps(calls)
-                msgs.append({"role": "assistant", "content": content})
-            elif m.role == "tool":
-                label = f"[{'error from' if m.is_error else 'result of'} tool {m.name or ''} {m.tool_call_id or ''}]"
-                msgs.append({"role": "tool", "content": f"{label} {m.content}"})
-            else:
+            if m.role == "user" or (m.role == "assistant" and not m.tool_calls):
                 msgs.append({"role": m.role, "content": m.content})
         return msgs
 
@@ -82,7 +180,17 @@ class PromptRenderer:
             return out + "<|im_start|>assistant\n"
         try:
             return self._jinja.render(messages=msgs, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)
-        except Exception:  # noqa: BLE001 - a template that knows no "tool" role may raise anything
-            # Tool outputs then go in as user turns.
-            fixed = [dict(x, role="user") if x["role"] == "tool" else x for x in msgs]
+        except Exception:  # noqa: BLE001 - a template that allows fewer roles may raise anything
+            # Strict templates (alternating user/assistant, one leading system message at
+            # most): every system message joins the user message it follows or precedes.
+            fixed: list[dict[str, Any]] = []
+            for x in msgs:
+                if x["role"] == "system" and fixed and fixed[-1]["role"] == "user":
+                    fixed[-1] = dict(fixed[-1], content=fixed[-1]["content"] + "\n\n" + x["content"])
+                elif x["role"] == "system":
+                    fixed.append({"role": "user", "content": x["content"]})
+                elif x["role"] == "user" and fixed and fixed[-1]["role"] == "user":
+                    fixed[-1] = dict(fixed[-1], content=fixed[-1]["content"] + "\n\n" + x["content"])
+                else:
+                    fixed.append(x)
             return self._jinja.render(messages=fixed, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)

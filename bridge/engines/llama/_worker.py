@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import math
 import os
+import re
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -22,13 +23,33 @@ import trio
 from bridge.engines.base import GenerationOptions, Usage
 from bridge.errors import BridgeError
 
+from ._lines import SpokenLine
 from ._states import StateCache, load_state, save_state
 
 # The prompt is read in chunks of this many tokens, with a stop check between them.
 PREFILL_CHUNK = int(os.environ.get("OAM_LLAMA_PREFILL_CHUNK", "128"))
-DEFAULT_MAX_TOKENS = 512
+DEFAULT_MAX_TOKENS = 512  # a step that may write a tool call or a JSON answer
+DEFAULT_LINE_TOKENS = 80  # a spoken line (a text answer), when the NPC sets no maxTokens
+
+# Sampling defaults, chosen with bench/bench_quality.py on the bundled model (see the README).
+TEMPERATURE = 0.7
+TOP_K = 40
+TOP_P = 0.95
+MIN_P = 0.05
+REPEAT_PENALTY = 1.1  # over the last PENALTY_LAST_N generated tokens
+PENALTY_LAST_N = 64
+DRY_MULTIPLIER = 0.8  # "don't repeat yourself": penalizes extending a sequence seen before
+DRY_BASE = 1.75
+DRY_ALLOWED = 2
+DRY_BREAKERS = ["\n", ":", '"', "*"]
 
 Emit = Callable[[tuple[Any, ...]], None]
+
+# Where a line introduces its speaker ("I'm ...", "my name is ..."): see Generator._name_due.
+_INTRO = re.compile(r"(?:\bI['’]m|\bI am|\bmy name is|\bname['’]s|\bcall me|\bcalled)$", re.I)
+# Capitalized words that follow "I'm" without being a name.
+_NOT_NAMES = frozenset({"A", "An", "The", "Not", "Sorry", "Afraid", "Glad", "Happy", "Just", "So", "Here", "Still",
+                        "Always", "Only", "Sure", "Fine", "Well", "Very", "Too", "No", "Yes", "Your", "Going", "I"})
 
 
 class Generator:
@@ -40,6 +61,7 @@ class Generator:
         self.states = states
         self.lock = threading.Lock()
         self._resident: str | None = None  # whose tokens the context holds
+        self._banned: dict[bool, dict[int, float]] = {}  # see _bans
 
     def close(self) -> None:
         with self.lock:
@@ -74,12 +96,83 @@ class Generator:
         if saved is not None and common(saved.input_ids[: saved.n_tokens]) > cur:
             load_state(llm, saved)
 
+    def _bans(self, braces: bool) -> dict[int, float]:
+        """Logit biases that keep tokens out of a step: control tokens that do not end
+        generation (``<|im_start|>``: the model would start a new chat turn itself), and with
+        ``braces`` every token with a brace, so a spoken line can never be JSON. Computed once
+        per model, on the generation thread (a pass over the vocabulary)."""
+        import llama_cpp
+
+        if braces not in self._banned:
+            vocab = self.llm._model.vocab
+            ban: dict[int, float] = {}
+            for tok in range(self.llm.n_vocab()):
+                if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                    continue
+                if llama_cpp.llama_vocab_is_control(vocab, tok):
+                    ban[tok] = -math.inf
+                elif braces and (b"{" in (p := self.llm._model.token_to_piece(tok)) or b"}" in p):
+                    ban[tok] = -math.inf
+            self._banned[braces] = ban
+        return self._banned[braces]
+
+    def _sampler(self, opts: GenerationOptions, grammar: Any, braces: bool, boost: dict[int, float]) -> Any:
+        """The step's sampler chain: bans, repetition penalties, the grammar, then greedy
+        (temperature 0) or top-k / top-p / min-p / temperature with the step's seed."""
+        import llama_cpp
+        from llama_cpp import _internals
+
+        llm = self.llm
+        s: Any = _internals.LlamaSampler()  # type: ignore[no-untyped-call]
+        bans = {**boost, **self._bans(braces)}
+        if bans:
+            s.add_logit_bias(llm.n_vocab(), bans)
+        s.add_penalties(llm.n_vocab(), PENALTY_LAST_N, REPEAT_PENALTY, 0.0, 0.0)
+        s.add_dry(llm._model, DRY_MULTIPLIER, DRY_BASE, DRY_ALLOWED, -1, DRY_BREAKERS)
+        if grammar is not None:
+            s.add_grammar(llm._model, grammar)
+        temp = TEMPERATURE if opts.temperature is None else opts.temperature
+        if temp == 0:
+            s.add_greedy()
+        else:
+            s.add_top_k(TOP_K)
+            s.add_top_p(opts.top_p if opts.top_p is not None else TOP_P, 1)
+            s.add_min_p(MIN_P, 1)
+            s.add_temp(temp)
+            s.add_dist(opts.seed if opts.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        return s
+
+    def _name_due(self, said: str, name_tokens: list[int]) -> bool:
+        """Whether the NPC is about to say a name: the line so far ends like "I'm" or "my
+        name is" and the model's likeliest next token is the name's first or starts another
+        capitalized word. The name is then said as a whole, not sampled, so that another
+        name cannot be sampled in its place. Reads the last logits (an argmax over the
+        vocabulary, microseconds); when the likeliest token is not a name ("I'm sorry"),
+        the step samples as usual."""
+        import numpy as np
+
+        if not _INTRO.search(said[-40:]):
+            return False
+        llm = self.llm
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+        top = int(np.argmax(logits))
+        piece = llm._model.token_to_piece(top).decode("utf-8", "ignore")
+        word = piece.strip()
+        return top == name_tokens[0] or (piece[:1].isspace() and word[:1].isupper() and word not in _NOT_NAMES)
+
     def generate(
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
-        stop: threading.Event, emit: Emit,
+        spoken: bool, speaker: str | None, stop: threading.Event, emit: Emit,
+        boost: dict[int, float] | None = None, recent: list[int] | None = None,
     ) -> tuple[Usage, str] | None:
         """Runs one step: emits ``("text", delta)`` items, returns (usage, finish reason),
-        or None when stopped before the prompt was read."""
+        or None when stopped before the prompt was read. ``spoken``: the answer is a line of
+        dialogue (no schema), shaped by ``SpokenLine`` and kept free of braces; ``speaker``:
+        the NPC's name, said where the model would introduce itself by another one;
+        ``boost``: logit biases toward the facts the game gave, each dropped once said;
+        ``recent``: the tokens of the NPC's last lines, which the repetition penalties see
+        as already said (a small model otherwise says the same line every turn; only on a
+        step without a grammar, whose state they would not fit)."""
         import llama_cpp
         from llama_cpp.llama_grammar import LlamaGrammar
 
@@ -109,33 +202,65 @@ class Generator:
                 llm._ctx.kv_cache_seq_rm(-1, 0, -1)
             cached = n
             grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
-            temp = 0.7 if opts.temperature is None else opts.temperature
-            llm.set_seed(opts.seed if opts.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
-            sampler = llm._init_sampler(temp=temp, top_p=opts.top_p if opts.top_p is not None else 0.95, grammar=grammar)
+            braces = spoken and grammar is None
+            boost = dict(boost or {})
+            accepted: list[int] = list(recent or []) if grammar is None else []
+            sampler = self._sampler(opts, grammar, braces, boost)
+            for t in accepted:  # what the sampler chain has seen, to rebuild it
+                sampler.accept(t)
             rest = tokens[n:]
             for i in range(0, len(rest), PREFILL_CHUNK):
                 if stop.is_set():
                     return None
                 llm.eval(rest[i : i + PREFILL_CHUNK])
-            max_tokens = min(opts.max_tokens or DEFAULT_MAX_TOKENS, self.n_ctx - len(tokens))
+            limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
+            max_tokens = min(limit, self.n_ctx - len(tokens))
+            line = SpokenLine(soft_tokens=limit // 2) if spoken else None
+            name_tokens = list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
             vocab = llm._model.vocab
             out = 0
             finish = "length"
+            said = ""  # the step's text as generated, before SpokenLine shapes it
+            forced: list[int] = []  # tokens of the NPC's name being said instead of another
             dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
             while out < max_tokens:
                 if stop.is_set():
                     finish = "cancelled"
                     break
-                tok = sampler.sample(llm._ctx, -1)
+                if not forced and name_tokens and self._name_due(said, name_tokens):
+                    forced = list(name_tokens)
+                if forced:
+                    tok = forced.pop(0)
+                    sampler.accept(tok)  # penalties and the grammar see the name as said
+                else:
+                    tok = sampler.sample(llm._ctx, -1)
+                accepted.append(tok)
+                if tok in boost:  # a fact was said: favour it no more (it would repeat)
+                    del boost[tok]
+                    sampler = self._sampler(opts, grammar, braces, boost)
+                    for t in accepted:
+                        sampler.accept(t)
                 if llama_cpp.llama_vocab_is_eog(vocab, tok):
                     finish = "stop"
                     break
                 out += 1
                 piece = dec.decode(llm._model.token_to_piece(tok).rstrip(b"\x00"))
+                said += piece
+                if line is not None:
+                    piece = line.feed(piece, out)
+                    if line.passthrough and limit == DEFAULT_LINE_TOKENS and not opts.max_tokens:
+                        limit = DEFAULT_MAX_TOKENS  # a call batch, not a line: room to close it
+                        max_tokens = min(limit, self.n_ctx - len(tokens))
                 if piece:
                     emit(("text", piece))
+                if line is not None and line.stopped:
+                    finish = "stop"
+                    break
                 llm.eval([tok])
             tail = dec.decode(b"", final=True)
+            if line is not None:
+                tail = line.feed(tail, out) if tail else ""
+                tail += line.end(cut=finish == "length")
             if tail:
                 emit(("text", tail))
             return Usage(input_tokens=len(tokens), output_tokens=out, cached_tokens=cached), finish

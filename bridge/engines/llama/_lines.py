@@ -1,0 +1,132 @@
+"""Shaping a spoken line while it streams: clean endings and no loops.
+
+Pure text logic (no model, no I/O), run on the generation thread token by token; tests in
+``tests/test_llama_lines.py``.
+
+A small model's line goes wrong at its end: it runs into ``maxTokens`` mid-sentence, or it
+starts saying the same thing again ("I'm sorry. I'm sorry. I'm sorry."). Both are caught
+at sentence boundaries:
+
+- The first sentence streams piece by piece as it is generated (the player's first words
+  are never held back).
+- Every later sentence is held until it ends, then released whole, unless it repeats a
+  sentence already spoken, or the line now loops (one 4-gram of words three times): then
+  it is dropped and the line ends there.
+- Past ``soft_tokens``, the line ends at the next sentence boundary.
+- At the hard limit (``maxTokens``) a held, unfinished sentence is dropped, so the line
+  still ends where a sentence ended (the step's finish reason stays ``"length"``).
+
+Output that starts with ``{`` is a tool-call batch (the grammar keeps free text from
+starting with one): it passes through untouched.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A sentence ends at . ! ? or … (closing quotes and brackets may follow) before white space;
+# the white space belongs to the next sentence, so a line never ends with it.
+_BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*(?=\s)")
+_WORDS = re.compile(r"[\w']+")
+_TRAILING_END = re.compile(r"[.!?…][\"'”’)\]]*$")  # held: the white space after it decides
+
+
+def _norm(sentence: str) -> tuple[str, ...]:
+    return tuple(_WORDS.findall(sentence.lower()))
+
+
+def loops(words: tuple[str, ...] | list[str], n: int = 4, times: int = 3) -> bool:
+    """True when one ``n``-gram of ``words`` occurs ``times`` times or more."""
+    seen: dict[tuple[str, ...], int] = {}
+    for i in range(len(words) - n + 1):
+        g = tuple(words[i : i + n])
+        seen[g] = seen.get(g, 0) + 1
+        if seen[g] >= times:
+            return True
+    return False
+
+
+class SpokenLine:
+    """Feed it each decoded piece with the number of tokens generated so far; it says what
+    to show now and when to stop. See the module docstring for the rules."""
+
+    def __init__(self, soft_tokens: int) -> None:
+        self.soft_tokens = soft_tokens
+        self.passthrough: bool | None = None  # undecided until the first visible character
+        self.shown = ""  # text released so far
+        self.held = ""  # text generated but not yet released
+        self.first_done = False  # the first sentence has ended
+        self.sentences: set[tuple[str, ...]] = set()
+        self.stopped = False  # the line ended early (a repeat, a loop or the soft limit)
+
+    def feed(self, piece: str, tokens: int) -> str:
+        """Text to show now. After it, ``stopped`` says whether generation should end."""
+        if self.passthrough is None:
+            lead = (self.held + piece).lstrip()
+            if not lead:
+                self.held += piece
+                return ""
+            self.passthrough = lead.startswith("{")
+            piece, self.held = lead, ""
+        if self.passthrough:
+            return piece
+        self.held += piece
+        line_break = self.held.find("\n")
+        if line_break >= 0:  # a spoken line is one paragraph: what follows a break is not said
+            self.held = self.held[:line_break]
+        out = self._sentences(tokens)
+        if line_break >= 0 and not self.stopped:
+            out += self._last()
+            self.stopped = True
+        elif not self.first_done:  # the first sentence streams as it comes
+            m = _TRAILING_END.search(self.held)
+            cut = m.start() if m else len(self.held)
+            out, self.held = out + self.held[:cut], self.held[cut:]
+        self.shown += out
+        return out
+
+    def end(self, cut: bool) -> str:
+        """The rest to show when generation ends: ``cut`` when it hit the hard limit (an
+        unfinished sentence is then dropped); otherwise the model ended the line itself."""
+        if self.passthrough:
+            rest, self.held = self.held, ""
+            return rest
+        if self.stopped or (cut and self.first_done):
+            self.held = ""
+            return ""
+        out = self._last()
+        self.shown += out
+        return out
+
+    def _sentences(self, tokens: int) -> str:
+        """Releases the held sentences that have ended, until one is dropped or the soft
+        limit is reached."""
+        out = ""
+        while not self.stopped:
+            m = _BOUNDARY.search(self.held)
+            if m is None:
+                break
+            sentence, self.held = self.held[: m.end()], self.held[m.end() :]
+            if not self._keep(sentence, out):
+                break
+            out += sentence
+            self.first_done = True
+            if tokens >= self.soft_tokens:
+                self.held, self.stopped = "", True
+        return out
+
+    def _last(self) -> str:
+        """The held text as the line's last sentence, if it may be said."""
+        rest, self.held = self.held.rstrip(), ""
+        return rest if rest and self._keep(rest, "") else ""
+
+    def _keep(self, sentence: str, pending: str) -> bool:
+        """Whether ``sentence`` may follow what was shown and ``pending``; a later sentence
+        that repeats an earlier one or makes the line loop ends the line instead."""
+        # before the first boundary, everything shown so far is the first sentence
+        words = _norm(sentence if self.first_done else self.shown + pending + sentence)
+        if self.first_done and (words in self.sentences or loops(_norm(self.shown + pending + sentence))):
+            self.held, self.stopped = "", True
+            return False
+        self.sentences.add(words)
+        return True
