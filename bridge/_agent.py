@@ -27,9 +27,11 @@ The engine contract (every engine gets the same treatment, whatever it produced)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import uuid
+from array import array
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Literal, Protocol
@@ -331,7 +333,8 @@ class Npc:
     count is additive over messages (the scripted engine) and a close estimate on chat
     templates (llama, native), whose boundary tokens it may count slightly differently.
     The visible window (first visible turn, its running total) moves with the history, so a
-    step costs amortised O(1) counting plus building its message list (bounded by the
+    step costs amortised O(1) counting, and its message list is one slice of the history's
+    messages kept flat (``_messages``; a copy of references in C, no Python loop over the
     window): O(new messages) per turn, whatever the history's length. The window is the
     longest run of newest turns that fits ``context_size - maxTokens (or 256)``, exactly what
     dropping the oldest turn one at a time until it fits gave.
@@ -359,6 +362,9 @@ class Npc:
         self._epoch = 0  # bumped when the history is replaced: stale counts are dropped
         self._base: dict[tuple[str, ...], int] = {}
         self._empty: int | None = None
+        # every turn's messages in order, so a window's messages are one slice
+        self._messages: list[Message] = []
+        self._turn_at = array("q")  # parallel to turns: where each starts in _messages
 
     # ---- history ----
 
@@ -366,6 +372,9 @@ class Npc:
         """Replace the history (restore), before the worker runs. O(len(turns)); no turn is
         counted until a prompt needs it."""
         self.turns = turns
+        self._messages = list(itertools.chain.from_iterable(turns))
+        self._turn_at = array("q", itertools.accumulate(map(len, turns), initial=0))
+        self._turn_at.pop()  # where a next turn would start
         self._turn_tokens = [None] * len(turns)
         self._start = len(turns)
         self._visible = 0
@@ -456,8 +465,14 @@ class Npc:
         _, visible = await self._window(fixed, self._budget())
         return fixed + visible
 
+    def _window_messages(self, first: int) -> list[Message]:
+        """The messages of the turns from ``first`` on: one slice, copied in C."""
+        return self._messages[self._turn_at[first] :] if first < len(self._turn_at) else []
+
     def _commit(self, working: list[Message], tokens: int) -> None:
         self.turns.append(working)
+        self._turn_at.append(len(self._messages))
+        self._messages.extend(working)
         self._turn_tokens.append(tokens)
         self._visible += tokens
 
@@ -613,7 +628,7 @@ class Npc:
                     contextSize=self.engine.context_size,
                 )
             # From the window above to the request: no checkpoint (the history may not move).
-            msgs = [msg for t in self.turns[dropped:] for msg in t] + working
+            msgs = self._window_messages(dropped) + working
             kept = len(self.turns) - dropped
             if dropped > announced_drop:
                 announced_drop = dropped

@@ -852,3 +852,47 @@ async def test_a_call_repeating_an_id_of_its_batch_gets_an_error_output_and_no_e
         assert c1 == [("turn/toolCallRequested", None, None), ("turn/toolCallCompleted", 3, None)]
         records = done["params"]["toolCalls"]
         assert [(r["callId"], r.get("output"), (r.get("error") or "")[:9]) for r in records] == [("c1", 3, ""), ("c1", None, "duplicate")]
+
+
+async def test_input_tokens_stay_exact_while_the_window_slides_over_a_long_history() -> None:
+    # The scripted engine counts a step's prompt from the previous one (the messages that
+    # changed only) instead of word-counting the whole window every step (bench_history:
+    # CPU per turn 3x from history 0 to 100). Its usage.inputTokens must stay the full
+    # count of the prompt the step saw: the visible turns (contextTrimmed says where they
+    # start) and the turn's own messages, over trimming, failed and cancelled turns, a
+    # restore, and a reset.
+    from bridge._agent import render_instructions
+    from bridge._messages import NpcConfig
+    from bridge.engines.base import Message
+    from bridge.engines.scripted import _count_prompt
+
+    config = {"npcId": "a", "instructions": "You are Greta, the tavern keeper. Be brief."}
+    instructions = render_instructions(NpcConfig(npc_id="a", instructions=config["instructions"]))
+    script: list[dict[str, Any]] = [{"text": words(40 + k % 7)} for k in range(200)]
+    script[50] = {"error": "refusal"}
+    script[90] = {"text": "slow", "delayMs": 5000}
+    async with bridge(guard=60) as b:
+        await b.send(INIT)
+        await b.call(1, "npc/create", {**config, "script": script})
+        history: list[list[dict[str, Any]]] = []
+        seen = trimmed = 0
+        for k in range(160):
+            if k == 120:  # a restore of the same history: the engine counts it afresh
+                await b.call(f"restore{k}", "npc/restore", {"save": {"version": 1, "config": {**config, "script": script[121:]}, "turns": history}})
+            prompt = f"Turn {k}: " + words(k % 30)
+            turn_id = (await b.call(f"r{k}", "npc/respond", {"npcId": "a", "prompt": prompt}))["turnId"]
+            if k == 90:
+                await b.event("turn/started", turnId=turn_id)
+                await b.call(f"x{k}", "npc/cancel", {"npcId": "a"})
+            done = await b.terminal(turn_id)
+            trims = [e["params"] for e in b.events(turn_id) if e["method"] == "turn/contextTrimmed"]
+            dropped = trims[-1]["droppedTurns"] if trims else 0
+            trimmed = max(trimmed, dropped)
+            if done["method"] == "turn/failed":
+                continue
+            seen += 1
+            visible = [Message(role=x["role"], content=x["content"]) for t in history[dropped:] for x in t]
+            expected = _count_prompt(instructions, [*visible, Message(role="user", content=prompt)], [])
+            assert done["params"]["usage"]["inputTokens"] == expected, f"turn {k} (first visible turn {dropped})"
+            history.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": done["params"]["text"]}])
+        assert seen == 158 and trimmed > 40, "the window slid over most of the history"

@@ -101,16 +101,136 @@ def _count(text: str) -> int:
     return len(text.split())
 
 
-def _count_prompt(instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
-    """Words, plus a fixed overhead per message and per tool: additive over messages."""
+def _count_message(m: Message) -> int:
+    n = 4 + _count(m.content)
+    for c in m.tool_calls:
+        n += 4 + len(json.dumps(c.arguments)) // 4
+    return n
+
+
+def _count_base(instructions: str, tools: list[ToolSpec]) -> int:
     n = _count(instructions) + 4
-    for m in messages:
-        n += 4 + _count(m.content)
-        for c in m.tool_calls:
-            n += 4 + len(json.dumps(c.arguments)) // 4
     for t in tools:
         n += 8 + _count(t.description) + len(json.dumps(t.parameters)) // 4
     return n
+
+
+def _count_prompt(instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
+    """Words, plus a fixed overhead per message and per tool: additive over messages."""
+    return _count_base(instructions, tools) + sum(map(_count_message, messages))
+
+
+class _PromptCount:
+    """One NPC's latest prompt with running token totals, so that counting its next prompt
+    (``usage.input_tokens`` of every step) costs the messages that changed, not the window.
+
+    A prompt is the visible window of the history plus the turn's own messages; the next
+    one is the same messages with the window's start moved and new messages at the end (the
+    agent passes the very same ``Message`` objects). The cached prompt is aligned with the
+    new one (a dict lookup, then one C-level comparison of the shared run: identical objects
+    compare at once), only the messages dropped from either end or added are counted or
+    forgotten in Python, and the cache becomes the new prompt. Counts stay exact: a message
+    taken from the cache is identical or equal to the one it stands for, and any other
+    shape (the first prompt, an unrelated one) is counted whole.
+
+    ``messages`` are held, so each ``id`` in ``where`` stays its message's while it is here
+    (and every lookup is checked by identity). Positions are absolute (``first`` is that of
+    ``messages[0]``), so dropping from the front moves nothing in ``where``. ``totals[i]``
+    is the running total before ``messages[i]`` from an arbitrary origin: only differences
+    are used."""
+
+    __slots__ = ("messages", "totals", "where", "first", "_instructions", "_tools", "_base")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.totals: list[int] = [0]
+        self.where: dict[int, int] = {}
+        self.first = 0
+        self._instructions: str | None = None
+        self._tools: list[ToolSpec] = []
+        self._base = 0
+
+    def count(self, instructions: str, msgs: list[Message], tools: list[ToolSpec]) -> int:
+        if instructions != self._instructions or len(tools) != len(self._tools) or any(a is not b for a, b in zip(tools, self._tools)):
+            self._instructions, self._tools, self._base = instructions, list(tools), _count_base(instructions, tools)
+        self._follow(msgs)
+        return self._base + self.totals[-1] - self.totals[0]
+
+    def _follow(self, msgs: list[Message]) -> None:
+        """Make the cached prompt ``msgs``, counting only what is new to it."""
+        old = self.messages
+        s = j = -1  # msgs[j] stands for old[s]
+        if msgs and old:
+            at = self.where.get(id(msgs[0]))
+            if at is not None and 0 <= at - self.first < len(old) and old[at - self.first] is msgs[0]:
+                s, j = at - self.first, 0
+            else:  # the window may reach further back than the cached prompt did
+                try:
+                    s, j = 0, msgs.index(old[0])
+                except ValueError:
+                    pass
+        if s < 0:
+            self._drop_back(0)
+            self._append(msgs)
+            return
+        # k: how many messages from there on the two share (C-level slice comparisons; a
+        # turn that failed left messages the next prompt does not have, hence the search)
+        n = min(len(msgs) - j, len(old) - s)
+        k = n
+        if old[s : s + n] != msgs[j : j + n]:
+            k, bad = 0, n
+            while bad - k > 1:
+                mid = (k + bad) // 2
+                if old[s : s + mid] == msgs[j : j + mid]:
+                    k = mid
+                else:
+                    bad = mid
+        self._drop_back(s + k)
+        self._drop_front(s)
+        self._prepend(msgs[:j])
+        self._append(msgs[j + k :])
+
+    def _forget(self, removed: list[Message], at: int) -> None:
+        for i, msg in enumerate(removed, at):
+            if self.where.get(id(msg)) == i:
+                del self.where[id(msg)]
+
+    def _drop_back(self, keep: int) -> None:
+        if keep < len(self.messages):
+            self._forget(self.messages[keep:], self.first + keep)
+            del self.messages[keep:]
+            del self.totals[keep + 1 :]
+
+    def _drop_front(self, n: int) -> None:
+        if n:
+            self._forget(self.messages[:n], self.first)
+            del self.messages[:n]
+            del self.totals[:n]
+            self.first += n
+
+    def _prepend(self, new: list[Message]) -> None:
+        if not new:
+            return
+        self.first -= len(new)
+        running = self.totals[0]
+        before = []
+        for msg in reversed(new):
+            running -= _count_message(msg)
+            before.append(running)
+        before.reverse()
+        self.totals[0:0] = before
+        self.messages[0:0] = new
+        for i, msg in enumerate(new, self.first):
+            self.where[id(msg)] = i
+
+    def _append(self, new: list[Message]) -> None:
+        at = self.first + len(self.messages)
+        total = self.totals[-1]
+        for i, msg in enumerate(new, at):
+            total += _count_message(msg)
+            self.totals.append(total)
+            self.where[id(msg)] = i
+        self.messages.extend(new)
 
 
 class ScriptedEngine:
@@ -130,6 +250,7 @@ class ScriptedEngine:
         self._default = list(script or [])
         self._npc_scripts = {k: list(v) for k, v in (npc_scripts or {}).items()}
         self._cursor: dict[str, int] = {}
+        self._prompts: dict[str, _PromptCount] = {}  # per NPC: its latest prompt, counted
         self._context_size = context_size
         self.requests: deque[StepRequest] = deque(maxlen=max_requests)  # the latest, for tests
 
@@ -176,9 +297,11 @@ class ScriptedEngine:
         return _count(text)
 
     def forget(self, npc_id: str) -> None:
-        """Drop the NPC's script, its place in the default script and its kept requests."""
+        """Drop the NPC's script, its place in the default script, its counted prompt and its
+        kept requests."""
         self._npc_scripts.pop(npc_id, None)
         self._cursor.pop(npc_id, None)
+        self._prompts.pop(npc_id, None)
         if any(r.npc_id == npc_id for r in self.requests):
             kept = [r for r in self.requests if r.npc_id != npc_id]
             self.requests.clear()
@@ -206,7 +329,10 @@ class ScriptedEngine:
         if step.get("delayMs"):
             await trio.sleep(step["delayMs"] / 1000)
         chunk_s = step.get("chunkMs", 0) / 1000
-        usage = Usage(input_tokens=_count_prompt(request.instructions, request.messages, request.tools))
+        prompt = self._prompts.get(request.npc_id)
+        if prompt is None:
+            prompt = self._prompts[request.npc_id] = _PromptCount()
+        usage = Usage(input_tokens=prompt.count(request.instructions, request.messages, request.tools))
         if "error" in step:
             code = step["error"]
             if code not in ERROR_CODES:
