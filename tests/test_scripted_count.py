@@ -52,7 +52,6 @@ def test_the_incremental_prompt_count_equals_the_whole_count_whatever_the_prompt
             tools = rng.choice([[], TOOLS, [TOOLS[0], TOOLS[0]]])
             assert counted.count(instructions, prompt, tools) == _count_prompt(instructions, prompt, tools)
             assert counted.messages == prompt and len(counted.totals) == len(prompt) + 1
-            assert all(id(counted.messages[at - counted.first]) == key for key, at in counted.where.items())
 
 
 @pytest.mark.parametrize("size", [100, 10_000])

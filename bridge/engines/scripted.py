@@ -24,10 +24,13 @@ NPC's script, cursor and requests in ``forget``.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
+import operator
 import re
 import uuid
+from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Union
@@ -120,32 +123,34 @@ def _count_prompt(instructions: str, messages: list[Message], tools: list[ToolSp
     return _count_base(instructions, tools) + sum(map(_count_message, messages))
 
 
+def _find(messages: list[Message], message: Message) -> int:
+    """Where ``message`` itself (not an equal one) is in ``messages``, else -1; the scan runs
+    in C."""
+    return next(itertools.compress(itertools.count(), map(operator.is_, messages, itertools.repeat(message))), -1)
+
+
 class _PromptCount:
     """One NPC's latest prompt with running token totals, so that counting its next prompt
     (``usage.input_tokens`` of every step) costs the messages that changed, not the window.
 
     A prompt is the visible window of the history plus the turn's own messages; the next
-    one is the same messages with the window's start moved and new messages at the end (the
-    agent passes the very same ``Message`` objects). The cached prompt is aligned with the
-    new one (a dict lookup, then one C-level comparison of the shared run: identical objects
-    compare at once), only the messages dropped from either end or added are counted or
-    forgotten in Python, and the cache becomes the new prompt. Counts stay exact: a message
-    taken from the cache is identical or equal to the one it stands for, and any other
-    shape (the first prompt, an unrelated one) is counted whole.
+    one is mostly the same messages with the window's start moved and new messages at the
+    end (the agent passes the very same ``Message`` objects). The cached prompt is aligned
+    with the new one by identity and their shared run found by slice comparison, both in C
+    (identical objects compare at once); only the messages dropped from either end or added
+    are touched in Python, and the cache becomes the new prompt. Counts stay exact: a cached
+    message stands only for one that is identical or equal to it, and whatever does not
+    align (the first prompt, an unrelated one) is counted whole.
 
-    ``messages`` are held, so each ``id`` in ``where`` stays its message's while it is here
-    (and every lookup is checked by identity). Positions are absolute (``first`` is that of
-    ``messages[0]``), so dropping from the front moves nothing in ``where``. ``totals[i]``
-    is the running total before ``messages[i]`` from an arbitrary origin: only differences
-    are used."""
+    ``totals[i]`` is the running total before ``messages[i]``, from an arbitrary origin
+    (only differences are used). 16 bytes per cached message beside the messages, which the
+    NPC's history holds anyway."""
 
-    __slots__ = ("messages", "totals", "where", "first", "_instructions", "_tools", "_base")
+    __slots__ = ("messages", "totals", "_instructions", "_tools", "_base")
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
-        self.totals: list[int] = [0]
-        self.where: dict[int, int] = {}
-        self.first = 0
+        self.totals = array("q", [0])
         self._instructions: str | None = None
         self._tools: list[ToolSpec] = []
         self._base = 0
@@ -158,23 +163,20 @@ class _PromptCount:
 
     def _follow(self, msgs: list[Message]) -> None:
         """Make the cached prompt ``msgs``, counting only what is new to it."""
-        old = self.messages
+        old, totals = self.messages, self.totals
         s = j = -1  # msgs[j] stands for old[s]
         if msgs and old:
-            at = self.where.get(id(msgs[0]))
-            if at is not None and 0 <= at - self.first < len(old) and old[at - self.first] is msgs[0]:
-                s, j = at - self.first, 0
-            else:  # the window may reach further back than the cached prompt did
-                try:
-                    s, j = 0, msgs.index(old[0])
-                except ValueError:
-                    pass
-        if s < 0:
-            self._drop_back(0)
-            self._append(msgs)
-            return
-        # k: how many messages from there on the two share (C-level slice comparisons; a
-        # turn that failed left messages the next prompt does not have, hence the search)
+            s = _find(old, msgs[0])  # the window's start moved on (or stayed)
+            if s >= 0:
+                j = 0
+            else:
+                j = _find(msgs, old[0])  # it reaches further back than before
+                s = 0 if j >= 0 else -1
+        if s < 0:  # nothing to align: count it whole
+            del old[:], totals[1:]
+            s = j = 0
+        # k: how many messages from there on the two share (a turn that failed left messages
+        # the next prompt does not have, hence the search)
         n = min(len(msgs) - j, len(old) - s)
         k = n
         if old[s : s + n] != msgs[j : j + n]:
@@ -185,52 +187,21 @@ class _PromptCount:
                     k = mid
                 else:
                     bad = mid
-        self._drop_back(s + k)
-        self._drop_front(s)
-        self._prepend(msgs[:j])
-        self._append(msgs[j + k :])
-
-    def _forget(self, removed: list[Message], at: int) -> None:
-        for i, msg in enumerate(removed, at):
-            if self.where.get(id(msg)) == i:
-                del self.where[id(msg)]
-
-    def _drop_back(self, keep: int) -> None:
-        if keep < len(self.messages):
-            self._forget(self.messages[keep:], self.first + keep)
-            del self.messages[keep:]
-            del self.totals[keep + 1 :]
-
-    def _drop_front(self, n: int) -> None:
-        if n:
-            self._forget(self.messages[:n], self.first)
-            del self.messages[:n]
-            del self.totals[:n]
-            self.first += n
-
-    def _prepend(self, new: list[Message]) -> None:
-        if not new:
-            return
-        self.first -= len(new)
-        running = self.totals[0]
-        before = []
-        for msg in reversed(new):
-            running -= _count_message(msg)
-            before.append(running)
-        before.reverse()
-        self.totals[0:0] = before
-        self.messages[0:0] = new
-        for i, msg in enumerate(new, self.first):
-            self.where[id(msg)] = i
-
-    def _append(self, new: list[Message]) -> None:
-        at = self.first + len(self.messages)
-        total = self.totals[-1]
-        for i, msg in enumerate(new, at):
+        del old[s + k :], totals[s + k + 1 :]
+        del old[:s], totals[:s]
+        if j:
+            before, running = [], totals[0]
+            for msg in reversed(msgs[:j]):
+                running -= _count_message(msg)
+                before.append(running)
+            before.reverse()
+            totals[0:0] = array("q", before)
+            old[0:0] = msgs[:j]
+        total = totals[-1]
+        for msg in msgs[j + k :]:
             total += _count_message(msg)
-            self.totals.append(total)
-            self.where[id(msg)] = i
-        self.messages.extend(new)
+            totals.append(total)
+        old.extend(msgs[j + k :])
 
 
 class ScriptedEngine:
