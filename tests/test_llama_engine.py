@@ -80,12 +80,12 @@ async def test_leaving_a_step_stops_its_thread_within_a_token(engine, monkeypatc
     after_stop: list[object] = []
     generate = Generator.generate
 
-    def spy(self, npc_id, tokens, grammar, opts, spoken, speaker, stop, emit, boost=None):
+    def spy(self, npc_id, tokens, grammar, opts, spoken, speaker, stop, emit, *rest):
         def counting_emit(item):
             if stop.is_set():
                 after_stop.append(item)
             emit(item)
-        return generate(self, npc_id, tokens, grammar, opts, spoken, speaker, stop, counting_emit, boost)
+        return generate(self, npc_id, tokens, grammar, opts, spoken, speaker, stop, counting_emit, *rest)
 
     monkeypatch.setattr(Generator, "generate", spy)
     first = None

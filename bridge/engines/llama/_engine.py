@@ -33,6 +33,7 @@ COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
 # Generator.generate): the bundled model otherwise rarely says the count or the price it
 # was given (bench/bench_quality.py, "grounded"). $OAM_LLAMA_FACT_BIAS; 0 turns it off.
 FACT_BIAS = 4.0
+FACT_BIAS_MAX_VALUES = 3  # more values than this in a step's tool results: no bias
 NAME_BIAS = 6.0  # toward the NPC's name when the player asks for it (once, like FACT_BIAS)
 RECENT_LINES = 2  # the NPC's last lines that the repetition penalties count as said
 
@@ -96,6 +97,7 @@ class LlamaEngine:
         self._renderer = PromptRenderer(llm.metadata.get("tokenizer.chat_template"), eos, bos)
         self._llm = llm
         self._gen = Generator(llm, self._n_ctx, self._states)
+        self._gen.scan_vocabulary()
 
     # -- interface -------------------------------------------------------------------
     @property
@@ -177,7 +179,10 @@ class LlamaEngine:
             spoken = request.schema is None and not (request.tools and request.tool_mode == "required")
             boost: dict[int, float] = {}
             if spoken:
-                for v in self._renderer.fact_values(request.messages) if self.fact_bias else []:
+                values = self._renderer.fact_values(request.messages) if self.fact_bias else []
+                # a few values only: favouring a whole menu's prices makes the model say
+                # strings of digits ("2513 20")
+                for v in values if len(values) <= FACT_BIAS_MAX_VALUES else []:
                     for form in (" " + v, v):
                         ids = self._tokens(form)
                         if ids:

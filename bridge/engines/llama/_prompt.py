@@ -37,8 +37,14 @@ def _arguments(parameters: Any) -> str:
 
 
 def _fields(schema: Any) -> str:
-    props = _props(schema)
-    return f" with the fields {'; '.join(props)}" if props else f" matching {json.dumps(schema)}"
+    """The answer's fields by name, with the game's descriptions only: allowed values and
+    types are the grammar's to enforce, and a small model copies a list of them into the
+    line it speaks."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not props:
+        return f" matching {json.dumps(schema)}"
+    said = [f"{k} ({v['description']})" if isinstance(v, dict) and isinstance(v.get("description"), str) else k for k, v in props.items()]
+    return f" with the fields {'; '.join(said)}"
 
 
 def _key(key: str) -> str:

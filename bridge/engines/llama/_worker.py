@@ -96,24 +96,31 @@ class Generator:
         if saved is not None and common(saved.input_ids[: saved.n_tokens]) > cur:
             load_state(llm, saved)
 
+    def scan_vocabulary(self) -> None:
+        """Finds the tokens ``_bans`` keeps out: a pass over the whole vocabulary (about half
+        a second for SmolLM2's 49k tokens), so it runs once, in the thread that loads the
+        model, never before a step."""
+        import llama_cpp
+
+        llm = self.llm
+        vocab = llm._model.vocab
+        control: dict[int, float] = {}
+        braces: dict[int, float] = {}
+        for tok in range(llm.n_vocab()):
+            if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                continue
+            if llama_cpp.llama_vocab_is_control(vocab, tok):
+                control[tok] = -math.inf
+            elif b"{" in (p := llm._model.token_to_piece(tok)) or b"}" in p:
+                braces[tok] = -math.inf
+        self._banned = {False: control, True: {**control, **braces}}
+
     def _bans(self, braces: bool) -> dict[int, float]:
         """Logit biases that keep tokens out of a step: control tokens that do not end
         generation (``<|im_start|>``: the model would start a new chat turn itself), and with
-        ``braces`` every token with a brace, so a spoken line can never be JSON. Computed once
-        per model, on the generation thread (a pass over the vocabulary)."""
-        import llama_cpp
-
-        if braces not in self._banned:
-            vocab = self.llm._model.vocab
-            ban: dict[int, float] = {}
-            for tok in range(self.llm.n_vocab()):
-                if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                    continue
-                if llama_cpp.llama_vocab_is_control(vocab, tok):
-                    ban[tok] = -math.inf
-                elif braces and (b"{" in (p := self.llm._model.token_to_piece(tok)) or b"}" in p):
-                    ban[tok] = -math.inf
-            self._banned[braces] = ban
+        ``braces`` every token with a brace, so a spoken line can never be JSON."""
+        if not self._banned:
+            self.scan_vocabulary()
         return self._banned[braces]
 
     def _sampler(self, opts: GenerationOptions, grammar: Any, braces: bool, boost: dict[int, float]) -> Any:
@@ -142,23 +149,21 @@ class Generator:
             s.add_dist(opts.seed if opts.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
         return s
 
-    def _name_due(self, said: str, name_tokens: list[int]) -> bool:
-        """Whether the NPC is about to say a name: the line so far ends like "I'm" or "my
-        name is" and the model's likeliest next token is the name's first or starts another
-        capitalized word. The name is then said as a whole, not sampled, so that another
-        name cannot be sampled in its place. Reads the last logits (an argmax over the
-        vocabulary, microseconds); when the likeliest token is not a name ("I'm sorry"),
-        the step samples as usual."""
-        import numpy as np
-
+    def _said_instead(self, said: str, tok: int, name_tokens: list[int]) -> list[int] | None:
+        """The tokens to say in place of the sampled ``tok``, or None to keep it: where the
+        line introduces its speaker ("I'm", "my name is") and ``tok`` starts a name, the
+        NPC's whole name is said, not the sampled one. A plain word ("I'm sorry") is kept.
+        The sampler chain has seen ``tok``; a name in its place is plain text too, so a
+        grammar's text branch is in the same state either way."""
         if not _INTRO.search(said[-40:]):
-            return False
-        llm = self.llm
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
-        top = int(np.argmax(logits))
-        piece = llm._model.token_to_piece(top).decode("utf-8", "ignore")
+            return None
+        if tok == name_tokens[0]:
+            return name_tokens
+        piece = self.llm._model.token_to_piece(tok).decode("utf-8", "ignore")
         word = piece.strip()
-        return top == name_tokens[0] or (piece[:1].isspace() and word[:1].isupper() and word not in _NOT_NAMES)
+        if piece[:1].isspace() and word[:1].isupper() and word not in _NOT_NAMES:
+            return name_tokens
+        return None
 
     def generate(
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
@@ -227,13 +232,13 @@ class Generator:
                 if stop.is_set():
                     finish = "cancelled"
                     break
-                if not forced and name_tokens and self._name_due(said, name_tokens):
-                    forced = list(name_tokens)
                 if forced:
                     tok = forced.pop(0)
                     sampler.accept(tok)  # penalties and the grammar see the name as said
                 else:
                     tok = sampler.sample(llm._ctx, -1)
+                    if name_tokens and (name := self._said_instead(said, tok, name_tokens)):
+                        tok, forced = name[0], name[1:]
                 accepted.append(tok)
                 if tok in boost:  # a fact was said: favour it no more (it would repeat)
                     del boost[tok]
