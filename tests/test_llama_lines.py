@@ -95,3 +95,15 @@ def test_a_line_break_inside_the_first_sentence_ends_the_line_there() -> None:
     _, text, stopped = play(["(", "smiles", ")", "\n", "Welcome", "."])
     assert text == "(smiles)"
     assert stopped
+
+
+def test_a_sentence_that_nearly_repeats_an_earlier_one_ends_the_line() -> None:
+    pieces = ["Greta", ",", " keeper", " of", " the", " Flagon", ".", " I'm", " Greta", ",", " keeper", " of", " the", " Flagon", ".", " Sit", "."]
+    _, text, stopped = play(pieces)
+    assert text == "Greta, keeper of the Flagon."
+    assert stopped
+
+
+def test_short_sentences_with_common_words_are_not_taken_for_repeats() -> None:
+    _, text, _ = play(["Aye", ".", " Aye", " then", ".", " Sit", " down", "."])
+    assert text == "Aye. Aye then. Sit down."

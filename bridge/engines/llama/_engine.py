@@ -178,11 +178,11 @@ class LlamaEngine:
             warnings.extend(grammar_warnings)
             spoken = request.schema is None and not (request.tools and request.tool_mode == "required")
             boost: dict[int, float] = {}
-            if spoken:
-                values = self._renderer.fact_values(request.messages) if self.fact_bias else []
+            values = self._renderer.fact_values(request.messages) if spoken else []
+            if self.fact_bias and len(values) <= FACT_BIAS_MAX_VALUES:
                 # a few values only: favouring a whole menu's prices makes the model say
                 # strings of digits ("2513 20")
-                for v in values if len(values) <= FACT_BIAS_MAX_VALUES else []:
+                for v in values:
                     for form in (" " + v, v):
                         ids = self._tokens(form)
                         if ids:
@@ -192,7 +192,9 @@ class LlamaEngine:
                     if ids := self._tokens(form):
                         boost[ids[0]] = NAME_BIAS
             recent: list[int] = []
-            if spoken and not boost:  # after a tool round, the facts matter more than variety
+            # The NPC's last lines count as said, except where a bias favours the facts or the
+            # name: those should be said even if an earlier line said them.
+            if spoken and not boost:
                 lines = [m.content for m in request.messages if m.role == "assistant" and m.content][-RECENT_LINES:]
                 recent = self._tokens(" ".join(lines)) if lines else []
             done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, spoken,

@@ -10,7 +10,7 @@ at sentence boundaries:
 - The first sentence streams piece by piece as it is generated (the player's first words
   are never held back).
 - Every later sentence is held until it ends, then released whole, unless it repeats a
-  sentence already spoken, or the line now loops (one 4-gram of words three times): then
+  sentence already spoken (or nearly: 80 % of its words), or the line now loops (one 4-gram of words three times): then
   it is dropped and the line ends there.
 - Past ``soft_tokens``, the line ends at the next sentence boundary.
 - At the hard limit (``maxTokens``) a held, unfinished sentence is dropped, so the line
@@ -120,12 +120,21 @@ class SpokenLine:
         rest, self.held = self.held.rstrip(), ""
         return rest if rest and self._keep(rest, "") else ""
 
+    def _repeats(self, words: tuple[str, ...]) -> bool:
+        """Whether a sentence says an earlier one again: the same words, or (four words or
+        more) at least 80 % of its words from one earlier sentence ("Greta, keeper of the
+        Flagon. I'm Greta, keeper of the Flagon.")."""
+        if words in self.sentences:
+            return True
+        mine = set(words)
+        return len(words) >= 4 and any(len(mine & set(s)) >= 0.8 * len(mine) for s in self.sentences)
+
     def _keep(self, sentence: str, pending: str) -> bool:
         """Whether ``sentence`` may follow what was shown and ``pending``; a later sentence
         that repeats an earlier one or makes the line loop ends the line instead."""
         # before the first boundary, everything shown so far is the first sentence
         words = _norm(sentence if self.first_done else self.shown + pending + sentence)
-        if self.first_done and (words in self.sentences or loops(_norm(self.shown + pending + sentence))):
+        if self.first_done and (self._repeats(words) or loops(_norm(self.shown + pending + sentence))):
             self.held, self.stopped = "", True
             return False
         self.sentences.add(words)

@@ -45,7 +45,7 @@ DRY_BREAKERS = ["\n", ":", '"', "*"]
 
 Emit = Callable[[tuple[Any, ...]], None]
 
-# Where a line introduces its speaker ("I'm ...", "my name is ..."): see Generator._name_due.
+# Where a line introduces its speaker ("I'm ...", "my name is ..."): see Generator._said_instead.
 _INTRO = re.compile(r"(?:\bI['’]m|\bI am|\bmy name is|\bname['’]s|\bcall me|\bcalled)$", re.I)
 # Capitalized words that follow "I'm" without being a name.
 _NOT_NAMES = frozenset({"A", "An", "The", "Not", "Sorry", "Afraid", "Glad", "Happy", "Just", "So", "Here", "Still",
