@@ -665,11 +665,16 @@ class Npc:
                     if isinstance(chunk, TextChunk):
                         text += chunk.delta
                         so_far = text if p.full_text else None
+                        # ``_emit`` written out (one event per chunk, the hot path): room first,
+                        # then the seq and ``put`` with no checkpoint between.
+                        await self.sink.wait_room()
+                        ev: m.Event
                         if p.schema is not None:
-                            await self._emit(turn, m.PartialJson, json=so_far, delta=chunk.delta)
+                            ev = m.PartialJson(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), json=so_far, delta=chunk.delta)
                         else:
-                            await self._emit(turn, m.TextDelta, delta=chunk.delta, text=so_far, is_reset=reset)
+                            ev = m.TextDelta(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), delta=chunk.delta, text=so_far, is_reset=reset)
                             reset = False
+                        self.sink.put(ev)
                     elif isinstance(chunk, ToolCallsChunk):
                         calls.extend(chunk.calls)
                     else:

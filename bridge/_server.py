@@ -87,14 +87,14 @@ class Server:
     # ---- the service's event sink ----
 
     async def wait_room(self) -> None:
-        if self._writer is not None:
-            await self._writer.wait_room()
-        else:
+        if self._writer is None:
             await trio.lowlevel.checkpoint()
+        elif not self._writer.has_room():  # called once per event: no second coroutine unless full
+            await self._writer.wait_room()
 
     def put(self, event: m.Event) -> None:
         if self._writer is not None:
-            self._writer.put(event_line(event))
+            self._writer.put(event_line(event), direct=False)
 
     # ---- the protocol ----
 

@@ -2,9 +2,12 @@
 reading and processing. No protocol knowledge beyond "a line".
 
 The ``Writer`` is the only owner of the output: every line, response or event, goes through
-``put``, and bytes reach the stream strictly in ``put`` order. When nothing is queued or being
-written it writes at once (saving a task switch on a request's round trip); a partial write
-queues the rest, and nothing is written directly again until the writer task has sent it.
+``put``, and bytes reach the stream strictly in ``put`` order. A response is written at once
+when nothing is queued or being written (saving a task switch on a request's round trip); a
+partial write queues the rest, and nothing is written directly again until the writer task
+has sent it. Events are always queued (``direct=False``): the events of one scheduler pass
+(a streamed turn's chunks, many NPCs streaming) then leave in one write instead of one
+system call each.
 """
 
 from __future__ import annotations
@@ -55,11 +58,12 @@ class Writer:
                 self._room = trio.Event()
             await self._room.wait()
 
-    def put(self, line: bytes) -> None:
+    def put(self, line: bytes, direct: bool = True) -> None:
+        """Queue ``line``; with ``direct``, write it at once if nothing is ahead of it."""
         if self._closed or self.broken:
             self.dropped_bytes += len(line)
             return
-        if self._fd is not None and not self._chunks and not self._busy:
+        if direct and self._fd is not None and not self._chunks and not self._busy:
             try:
                 n = os.write(self._fd, line)
             except BlockingIOError:
