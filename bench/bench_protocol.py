@@ -5,7 +5,11 @@
 2. Events per second of one long streamed scripted turn (text deltas), end to end; with
    ``--compare``, the two trees' turns alternate.
 3. p99 round trip of a trivial request while 200 NPCs have turns running at once.
-4. Resident memory of the idle bridge, and per idle NPC (1,000 NPCs).
+4. Resident memory of the idle bridge, and per idle NPC (the first 1,000, then 2,000 more).
+   The idle figure is also given with the native engine's library hidden: where it is
+   built, the availability probe of ``initialize`` loads it (and the Swift runtime, about
+   16 MiB on Linux), and a fresh checkout compared against one that has it would measure
+   that, not the bridge.
 
 Usage: python bench/bench_protocol.py [--quick] [--round-trip] [--compare DIR]
 
@@ -46,12 +50,16 @@ COMPARE = _compare_root()
 ROOTS = {"this tree": ROOT, **({"compared": COMPARE} if COMPARE else {})}
 
 
+NO_NATIVE = {"OAM_NATIVE_LIB": os.path.join(ROOT, "no-such-library")}
+
+
 class Peer:
-    def __init__(self, cmd: list[str], cwd: str = ROOT) -> None:
-        env = {**os.environ, "PYTHONPATH": cwd}
+    def __init__(self, cmd: list[str], cwd: str = ROOT, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, **(env or {}), "PYTHONPATH": cwd}
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, bufsize=0, env=env)
         self.out = io.BufferedReader(self.p.stdout, 1 << 16)
         self.next_id = 1
+        self.initialized: dict = {}  # the initialize result, once initialized
 
     def send(self, obj: dict) -> None:
         self.p.stdin.write(json.dumps(obj).encode() + b"\n")
@@ -131,9 +139,9 @@ def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> Non
     os.sched_setaffinity(0, saved)
 
 
-def bridge(*extra: str, root: str = ROOT) -> Peer:
-    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted", *extra], cwd=root)
-    b.call("initialize", {"protocolVersion": 1})
+def bridge(*extra: str, root: str = ROOT, env: dict[str, str] | None = None) -> Peer:
+    b = Peer([sys.executable, "-m", "bridge", "--engine", "scripted", *extra], cwd=root, env=env)
+    b.initialized = b.call("initialize", {"protocolVersion": 1})["result"]
     return b
 
 
@@ -232,12 +240,22 @@ def per_tree(root: str, quick: bool) -> None:
         exits.append((time.perf_counter() - t) * 1e3)
     print(f"stdin EOF with a turn streaming -> process exit: median {statistics.median(exits):.0f} ms (target < 1000 ms)")
 
+    b = bridge(root=root, env=NO_NATIVE)
+    bare = b.rss_kib()
+    b.close()
     b = bridge(root=root)
     idle = b.rss_kib()
-    for i in range(1000):
+    native = next((e for e in b.initialized["engines"] if e["name"] == "native"), {})
+    found = "available" if native.get("available") else "unavailable: " + str(native.get("reason"))[:60]
+    rss = [idle]
+    for i in range(3000):
         b.call("npc/create", {"npcId": f"idle{i}", "instructions": "You are a villager. " * 5})
-    per = (b.rss_kib() - idle) / 1000
-    print(f"resident memory: idle bridge {idle / 1024:.1f} MiB; per idle NPC {per:.1f} KiB (1,000 NPCs)")
+        if i + 1 in (1000, 3000):
+            rss.append(b.rss_kib())
+    # The first NPCs partly reuse memory that start-up freed: the second figure is the
+    # steady cost, less noisy than the first.
+    print(f"resident memory: idle bridge {bare / 1024:.1f} MiB without the native library, {idle / 1024:.1f} MiB as found (native engine {found});"
+          f" per idle NPC {(rss[1] - rss[0]) / 1000:.2f} KiB (first 1,000 NPCs), {(rss[2] - rss[1]) / 2000:.2f} KiB (1,000 to 3,000)")
     b.close()
 
 

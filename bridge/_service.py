@@ -49,6 +49,10 @@ async def _count_text(engine: Engine, text: str) -> int:
     return await trio.to_thread.run_sync(count_text, text)
 
 
+def _npc_idle(npc: Npc) -> bool:
+    return npc.current is None and not npc.queued
+
+
 class TurnEvents:
     """The default sink: keeps each turn's events until ``Service.events`` takes them.
 
@@ -101,9 +105,11 @@ class Service:
         self._turn_events = TurnEvents() if sink is None else None
         self.sink: EventSink = sink if sink is not None else self._turn_events  # type: ignore[assignment]
         self.npcs: dict[str, Npc] = {}
-        # every NPC whose worker runs, deleted and replaced ones too: their turns still end
-        # (and send their terminal events) after they leave ``npcs``
-        self._live: set[Npc] = set()
+        # deleted and replaced NPCs whose turns may not all have ended: they still end (and
+        # send their terminal events) after the NPC left ``npcs``. Pruned as NPCs are added
+        # and by ``idle``; a set rather than a task wrapping every worker, which cost each
+        # NPC a coroutine of idle memory.
+        self._retired: set[Npc] = set()
         self._closing = False
         self._nursery: trio.Nursery | None = None
 
@@ -143,9 +149,10 @@ class Service:
             npc.cancel(reason)
 
     def idle(self) -> bool:
-        """No turn runs or waits, in any NPC whose worker still runs (deleted and replaced
-        NPCs included, until their workers have ended their turns)."""
-        return all(n.current is None and not n.queued for n in self._live)
+        """No turn runs or waits, in any NPC (deleted and replaced NPCs included, until they
+        have ended their turns)."""
+        self._prune_retired()
+        return not self._retired and all(_npc_idle(n) for n in self.npcs.values())
 
     async def wait_idle(self) -> None:
         while not self.idle():
@@ -214,14 +221,19 @@ class Service:
             npc.engine.set_script(npc_id, npc.config.script)  # type: ignore[attr-defined]
         self.npcs[npc_id] = npc
         assert self._nursery is not None, "the service is not running"
-        self._live.add(npc)
-        self._nursery.start_soon(self._work, npc)
+        self._nursery.start_soon(npc.worker)
 
-    async def _work(self, npc: Npc) -> None:
-        try:
-            await npc.worker()
-        finally:
-            self._live.discard(npc)
+    def _retire(self, npc: Npc) -> None:
+        """``npc`` leaves: its turns end, each with its terminal event, and it takes no more."""
+        npc.close("turn_ended")
+        npc.engine.forget(npc.npc_id)
+        self._prune_retired()
+        self._retired.add(npc)
+
+    def _prune_retired(self) -> None:
+        # A retired NPC is closed: once idle it takes no turn again.
+        if self._retired:
+            self._retired = {n for n in self._retired if not _npc_idle(n)}
 
     def _check_open(self) -> None:
         if self._closing:
@@ -255,8 +267,7 @@ class Service:
         self._check_open()
         old = self.npcs.pop(config.npc_id, None)
         if old is not None:
-            old.close("turn_ended")
-            old.engine.forget(config.npc_id)
+            self._retire(old)
         self._register(npc)
         return m.RestoreResult(npc_id=config.npc_id, turns=len(p.save.turns))
 
@@ -295,9 +306,8 @@ class Service:
 
     def delete(self, p: m.NpcRef) -> m.EmptyResult:
         npc = self.npc(p.npc_id)
-        npc.close("turn_ended")
         del self.npcs[p.npc_id]
-        npc.engine.forget(p.npc_id)
+        self._retire(npc)
         return m.EmptyResult()
 
     def list(self) -> m.NpcListResult:
