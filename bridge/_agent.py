@@ -32,6 +32,7 @@ import logging
 import math
 import uuid
 from array import array
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Literal, Protocol
@@ -352,8 +353,11 @@ class Npc:
         self.turns: list[list[Message]] = []
         self.current: Turn | None = None
         self.pending: dict[str, _PendingCall] = {}
-        self._send, self._recv = trio.open_memory_channel[Turn](max_queued)
-        self.queued: list[Turn] = []
+        # Turns waiting for the worker, oldest first. A deque and an event made when the worker
+        # waits, not a memory channel: an idle NPC costs about 1.5 KiB less (thousands of them).
+        self.queued: deque[Turn] = deque()
+        self._max_queued = max_queued
+        self._wake: trio.Event | None = None
         self.closed = False
         # token accounting (see the class docstring)
         self._turn_tokens: list[int | None] = []  # parallel to turns; None: not counted yet
@@ -481,20 +485,30 @@ class Npc:
     def enqueue(self, params: m.RespondParams) -> Turn:
         if self.closed:
             raise BridgeError("unknown_npc", f"npc {self.npc_id!r} was deleted", npcId=self.npc_id)
+        if len(self.queued) >= self._max_queued:
+            raise BridgeError("busy", f"npc {self.npc_id!r} has too many queued turns")
         turn = Turn(self, params)
-        try:
-            self._send.send_nowait(turn)
-        except trio.WouldBlock:
-            raise BridgeError("busy", f"npc {self.npc_id!r} has too many queued turns") from None
         self.queued.append(turn)
+        self._wake_worker()
         return turn
+
+    def _wake_worker(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+            self._wake = None
 
     async def worker(self) -> None:
         """Run the NPC's turns one at a time until ``close``. If the worker itself is
         cancelled (the host is going away), every turn it holds still gets ``turn/failed``."""
         try:
-            async for turn in self._recv:
-                self.queued.remove(turn)
+            while True:
+                if not self.queued:
+                    if self.closed:
+                        return
+                    self._wake = wake = trio.Event()
+                    await wake.wait()
+                    continue
+                turn = self.queued.popleft()
                 if turn.state == "cancelled":
                     self._put_failed(turn, BridgeError("cancelled", "turn cancelled before it started"))
                     continue
@@ -505,8 +519,8 @@ class Npc:
                     self.current = None
                     self.pending.clear()
         finally:
-            for turn in list(self.queued):
-                self.queued.remove(turn)
+            while self.queued:
+                turn = self.queued.popleft()
                 if turn.state == "queued":
                     turn.move("cancelled")
                 self._put_failed(turn, BridgeError("cancelled", "turn cancelled before it started"))
@@ -537,7 +551,7 @@ class Npc:
     def close(self, reason: str = "turn_ended") -> None:
         self.cancel(reason)
         self.closed = True
-        self._send.close()
+        self._wake_worker()
 
     def submit(self, params: m.SubmitParams) -> None:
         pc = self.pending.get(params.call_id)
