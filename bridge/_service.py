@@ -203,13 +203,15 @@ class Service:
             check_schema(t.parameters, f"parameters of tool {t.name!r}", tool=True)
 
     async def _build(self, config: m.NpcConfig, turns: list[list[Message]] | None) -> Npc:
-        """A new NPC, not yet registered: everything that can fail happens here."""
-        self._check_config(config)
+        """A new NPC, not yet registered: everything that can fail happens here. Checking
+        the tools' schemas and the script takes about half a millisecond per schema property:
+        a large one would stall every NPC's stream, so the checks run in a worker thread."""
+        await trio.to_thread.run_sync(self._check_config, config)
         engine_name, engine = await self._engine_for(config)
         if config.script is not None:
             if not hasattr(engine, "set_script"):
                 raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
-            validate_script(config.script)
+            await trio.to_thread.run_sync(validate_script, config.script)
         npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc)
         if turns:
             npc.set_history([list(t) for t in turns])

@@ -896,3 +896,28 @@ async def test_input_tokens_stay_exact_while_the_window_slides_over_a_long_histo
             assert done["params"]["usage"]["inputTokens"] == expected, f"turn {k} (first visible turn {dropped})"
             history.append([{"role": "user", "content": prompt}, {"role": "assistant", "content": done["params"]["text"]}])
         assert seen == 158 and trimmed > 40, "the window slid over most of the history"
+
+
+# ---- found by the issue 9 measurement run: checks at create ran on the event loop ----
+
+
+async def test_checking_a_large_tool_schema_at_create_does_not_stall_other_npcs() -> None:
+    # A schema is checked at about half a millisecond per property; 4,000 properties held
+    # the loop (and every NPC's stream) for seconds. The check now runs in a worker thread:
+    # the bard keeps streaming while the smith is created.
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 9} for i in range(4000)}}
+    async with bridge(guard=60) as b:
+        await b.send(INIT)
+        await b.result("init")
+        await b.call(2, "npc/create", {"npcId": "bard", "script": [{"text": words(4000), "chunkMs": 5}]})
+        turn_id = (await b.call(3, "npc/respond", {"npcId": "bard", "prompt": "sing", "fullText": False}))["turnId"]
+        await b.event("turn/textDelta", turnId=turn_id)
+        before = len(b.events(turn_id))
+        t0 = trio.current_time()
+        await b.send({"jsonrpc": "2.0", "id": 4, "method": "npc/create",
+                      "params": {"npcId": "smith", "tools": [{"name": "forge", "parameters": schema}]}})
+        assert "result" in await b.response(4)
+        took = trio.current_time() - t0
+        streamed = len(b.events(turn_id)) - before
+        assert took > 0.3, f"the check took {took:.2f} s: too fast to show a stall on this machine"
+        assert streamed >= took / 0.005 / 4, f"{streamed} deltas in the {took:.2f} s the create took: the stream stalled"
