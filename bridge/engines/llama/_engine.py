@@ -22,7 +22,7 @@ from bridge.errors import BridgeError
 
 from ._grammar import CALL_PREFIX, build_grammar, complete_calls
 from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
-from ._prompt import PromptRenderer
+from ._prompt import PromptRenderer, turn_start
 from ._states import StateCache
 from ._worker import Emit, Generator, run_in_thread
 
@@ -40,10 +40,6 @@ RECENT_LINES = 2  # the NPC's last lines that the repetition penalties count as 
 
 # The player asks who the NPC is: "what's your name", "who are you", "what do they call you".
 _ASKS_NAME = re.compile(r"\b(?:your name|who are you|who're you|call you|who runs|who is the)\b", re.I)
-
-
-def _last_user(messages: list[Message]) -> str:
-    return next((m.content for m in reversed(messages) if m.role == "user"), "")
 
 
 class LlamaEngine:
@@ -187,7 +183,9 @@ class LlamaEngine:
                         ids = self._tokens(form)
                         if ids:
                             boost[ids[0]] = self.fact_bias
-            if spoken and request.speaker and _ASKS_NAME.search(_last_user(request.messages)):
+            start = turn_start(request.messages)
+            player = request.messages[start].content if start >= 0 else ""
+            if spoken and request.speaker and _ASKS_NAME.search(player):
                 for form in (" " + request.speaker, request.speaker):  # said once, then free
                     if ids := self._tokens(form):
                         boost[ids[0]] = NAME_BIAS

@@ -74,6 +74,12 @@ def _words(content: str) -> str:
     return say(value)
 
 
+def turn_start(messages: list[Message]) -> int:
+    """Where the turn being generated starts: the index of its player line (the last user
+    message), or -1 when there is none."""
+    return max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+
+
 def _raise(msg: str) -> None:
     import jinja2
 
@@ -125,7 +131,6 @@ class PromptRenderer:
     def fact_values(messages: list[Message]) -> list[str]:
         """The short values (numbers, names) the game's tools answered in the turn being
         generated, as they would be said."""
-        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
         values: list[str] = []
 
         def walk(v: Any) -> None:
@@ -138,7 +143,7 @@ class PromptRenderer:
             elif isinstance(v, (int, float, str)) and not isinstance(v, bool) and 0 < len(str(v)) <= 24:
                 values.append(str(v))
 
-        for m in messages[last_user + 1 :]:
+        for m in messages[turn_start(messages) + 1 :]:
             if m.role == "tool" and not m.is_error:
                 try:
                     walk(json.loads(m.content))
@@ -158,9 +163,8 @@ class PromptRenderer:
         tried with bench/bench_quality.py on the bundled model it was the one the model used
         most and never repeated or answered out of character. An earlier turn's tool
         results are not shown: the NPC's line of that turn says what it made of them."""
-        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
         facts = []
-        for m in messages[last_user + 1 :]:
+        for m in messages[turn_start(messages) + 1 :]:
             if m.role == "tool":
                 said = _words(m.content).rstrip(".") + "."
                 facts.append(f"That did not work: {said}" if m.is_error else said)
@@ -186,17 +190,14 @@ class PromptRenderer:
             return out + "<|im_start|>assistant\n"
         try:
             return self._jinja.render(messages=msgs, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)
-        except Exception:  # noqa: BLE001 - a template that allows fewer roles may raise anything
-            # Strict templates (alternating user/assistant, one leading system message at
-            # most): every system message joins the user message it follows or precedes.
-            fixed: list[dict[str, Any]] = []
-            for x in msgs:
-                if x["role"] == "system" and fixed and fixed[-1]["role"] == "user":
-                    fixed[-1] = dict(fixed[-1], content=fixed[-1]["content"] + "\n\n" + x["content"])
-                elif x["role"] == "system":
-                    fixed.append({"role": "user", "content": x["content"]})
-                elif x["role"] == "user" and fixed and fixed[-1]["role"] == "user":
-                    fixed[-1] = dict(fixed[-1], content=fixed[-1]["content"] + "\n\n" + x["content"])
-                else:
-                    fixed.append(x)
-            return self._jinja.render(messages=fixed, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)
+        except Exception:  # noqa: BLE001 - a template that allows no system role may raise anything
+            # chat_messages gives one leading system message at most: it opens the first user
+            # message instead (Gemma's templates, say).
+            if not msgs or msgs[0]["role"] != "system":
+                raise
+            system, rest = msgs[0]["content"], msgs[1:]
+            if rest and rest[0]["role"] == "user":
+                rest = [dict(rest[0], content=system + "\n\n" + rest[0]["content"]), *rest[1:]]
+            else:
+                rest = [{"role": "user", "content": system}, *rest]
+            return self._jinja.render(messages=rest, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)

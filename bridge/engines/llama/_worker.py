@@ -61,7 +61,7 @@ class Generator:
         self.states = states
         self.lock = threading.Lock()
         self._resident: str | None = None  # whose tokens the context holds
-        self._banned: dict[bool, dict[int, float]] = {}  # see _bans
+        self._banned: dict[bool, dict[int, float]] = {}  # see _bans, filled by scan_vocabulary
 
     def close(self) -> None:
         with self.lock:
@@ -118,9 +118,8 @@ class Generator:
     def _bans(self, braces: bool) -> dict[int, float]:
         """Logit biases that keep tokens out of a step: control tokens that do not end
         generation (``<|im_start|>``: the model would start a new chat turn itself), and with
-        ``braces`` every token with a brace, so a spoken line can never be JSON."""
-        if not self._banned:
-            self.scan_vocabulary()
+        ``braces`` every token with a brace, so a spoken line can never be JSON. Found by
+        ``scan_vocabulary``, which the engine runs when it loads the model."""
         return self._banned[braces]
 
     def _sampler(self, opts: GenerationOptions, grammar: Any, braces: bool, boost: dict[int, float]) -> Any:
