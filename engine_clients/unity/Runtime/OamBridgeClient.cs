@@ -38,7 +38,7 @@ namespace Oam.Bridge
         // bridge answers before the turn streams; kept until the turn is claimed or ends)
         readonly Dictionary<string, List<TurnEvent>> _early = new Dictionary<string, List<TurnEvent>>();
         int _earlyCount;
-        int _respondsInFlight; // npc/respond requests not answered yet: only they can claim early events
+        int _respondsInFlight; // npc/respond, npc/decide, npc/prewarm not answered yet: only they can claim early events
         readonly ConcurrentDictionary<string, Func<JToken, Task<JToken>>> _tools =
             new ConcurrentDictionary<string, Func<JToken, Task<JToken>>>();
         readonly TaskCompletionSource<int> _exited =
@@ -177,9 +177,60 @@ namespace Oam.Bridge
         {
             var p = new JObject { ["npcId"] = npcId, ["prompt"] = prompt };
             options?.WriteTo(p);
-            // runs on the reader thread before the turn's first event is read
-            return Call("npc/respond", p, r => ClaimTurn(npcId, AsObject(r).Value<string>("turnId")), cancellationToken,
+            return StartTurn("npc/respond", npcId, TurnKinds.Respond, p, cancellationToken);
+        }
+
+        /// <summary>
+        /// Starts a decision (<c>npc/decide</c>): the NPC picks one of <paramref name="choices"/> for
+        /// <paramref name="situation"/>. A turn like <see cref="RespondAsync"/>'s (queued behind the NPC's
+        /// other turns, cancellable, streams <see cref="PartialJson"/>); its result's <c>Json</c> is
+        /// <c>{"reasoning", "choice", "arguments"}</c>: wrap it in <see cref="Decision"/>, or use <see cref="ChooseAsync"/>.
+        /// </summary>
+        public Task<Turn> DecideAsync(string npcId, string situation, IEnumerable<DecisionOption> choices,
+            DecideOptions options = null, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (choices == null) throw new ArgumentNullException(nameof(choices));
+            var p = new JObject
+            {
+                ["npcId"] = npcId, ["situation"] = situation,
+                ["options"] = new JArray(choices.Select(c => (object)c.ToJson()).ToArray()),
+            };
+            options?.WriteTo(p);
+            return StartTurn("npc/decide", npcId, TurnKinds.Decide, p, cancellationToken);
+        }
+
+        /// <summary>
+        /// Runs a decision to its end and returns it typed. Cancelling the token sends <c>npc/cancel</c>
+        /// for the NPC, as <see cref="AskAsync"/> does.
+        /// </summary>
+        public async Task<Decision> ChooseAsync(string npcId, string situation, IEnumerable<DecisionOption> choices,
+            DecideOptions options = null, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            Turn turn = await DecideAsync(npcId, situation, choices, options, cancellationToken).ConfigureAwait(false);
+            return new Decision(await WaitCancellable(turn, cancellationToken).ConfigureAwait(false));
+        }
+
+        /// <summary>
+        /// <c>npc/prewarm</c>: prepares the NPC (instructions, world facts, tools, history) before the
+        /// player reaches it, so its first words come sooner. A turn of the NPC that changes no
+        /// history: it completes with <c>FinishReason == "prewarmed"</c>, <c>Steps == 0</c>, <c>Text == ""</c>.
+        /// </summary>
+        public Task<Turn> PrewarmAsync(string npcId, CancellationToken cancellationToken = default(CancellationToken)) =>
+            StartTurn("npc/prewarm", npcId, TurnKinds.Prewarm, NpcRef(npcId), cancellationToken);
+
+        // the turn's handle is made on the reader thread before the turn's first event is read
+        Task<Turn> StartTurn(string method, string npcId, string kind, JObject p, CancellationToken cancellationToken) =>
+            Call(method, p, r => ClaimTurn(npcId, AsObject(r).Value<string>("turnId"), kind), cancellationToken,
                 startsTurn: true);
+
+        async Task<TurnResult> WaitCancellable(Turn turn, CancellationToken cancellationToken)
+        {
+            using (cancellationToken.Register(() => CancelAsync(turn.NpcId).ContinueWith(
+                       t => LogLine("oam-bridge: npc/cancel failed: " + t.Exception?.GetBaseException().Message),
+                       CancellationToken.None, TaskContinuationOptions.OnlyOnFaulted, TaskScheduler.Default)))
+            {
+                return await turn.Completion.ConfigureAwait(false);
+            }
         }
 
         /// <summary>
@@ -190,12 +241,7 @@ namespace Oam.Bridge
             CancellationToken cancellationToken = default(CancellationToken))
         {
             Turn turn = await RespondAsync(npcId, prompt, options, cancellationToken).ConfigureAwait(false);
-            using (cancellationToken.Register(() => CancelAsync(npcId).ContinueWith(
-                       t => LogLine("oam-bridge: npc/cancel failed: " + t.Exception?.GetBaseException().Message),
-                       CancellationToken.None, TaskContinuationOptions.OnlyOnFaulted, TaskScheduler.Default)))
-            {
-                return await turn.Completion.ConfigureAwait(false);
-            }
+            return await WaitCancellable(turn, cancellationToken).ConfigureAwait(false);
         }
 
         /// <summary><c>npc/submit</c> with an output (any JSON; null is JSON null).</summary>
@@ -255,6 +301,43 @@ namespace Oam.Bridge
             if (npcId != null) p["npcId"] = npcId;
             if (engine != null) p["engine"] = engine;
             return Call("tokens/count", p, r => new TokenCount(AsObject(r)), cancellationToken);
+        }
+
+        /// <summary><c>npc/setTags</c>: replaces the NPC's tags; world facts scoped by tag follow from its next model step.</summary>
+        public Task SetTagsAsync(string npcId, IEnumerable<string> tags,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (tags == null) throw new ArgumentNullException(nameof(tags));
+            var p = new JObject { ["npcId"] = npcId, ["tags"] = new JArray(tags.Cast<object>().ToArray()) };
+            return Call("npc/setTags", p, r => r, cancellationToken);
+        }
+
+        /// <summary><c>world/set</c>: sets (or replaces, scope included) a world fact; returns the world's new revision.</summary>
+        public Task<int> SetWorldFactAsync(WorldFact fact, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (fact == null) throw new ArgumentNullException(nameof(fact));
+            return Call("world/set", fact.ToJson(), r => AsObject(r).Value<int?>("revision") ?? 0, cancellationToken);
+        }
+
+        /// <summary>
+        /// <c>world/set</c> by parts: <paramref name="tags"/> and <paramref name="npcIds"/> both null means
+        /// every NPC sees it. A plain string converts to a JToken: <c>SetWorldFactAsync("gate", "closed")</c>.
+        /// </summary>
+        public Task<int> SetWorldFactAsync(string key, JToken value, IEnumerable<string> tags = null,
+            IEnumerable<string> npcIds = null, bool lore = false, CancellationToken cancellationToken = default(CancellationToken)) =>
+            SetWorldFactAsync(new WorldFact(key, value) { Tags = tags?.ToList(), NpcIds = npcIds?.ToList(), Lore = lore },
+                cancellationToken);
+
+        /// <summary><c>world/delete</c>: <c>Deleted</c> is false when there was no such fact.</summary>
+        public Task<WorldDeleteResult> DeleteWorldFactAsync(string key, CancellationToken cancellationToken = default(CancellationToken)) =>
+            Call("world/delete", new JObject { ["key"] = key }, r => new WorldDeleteResult(AsObject(r)), cancellationToken);
+
+        /// <summary><c>world/get</c>: every fact, or (with <paramref name="npcId"/>) the facts that NPC can see.</summary>
+        public Task<WorldState> GetWorldAsync(string npcId = null, CancellationToken cancellationToken = default(CancellationToken))
+        {
+            var p = new JObject();
+            if (npcId != null) p["npcId"] = npcId;
+            return Call("world/get", p, r => new WorldState(AsObject(r)), cancellationToken);
         }
 
         public Task<EngineStatus> GetEngineStatusAsync(CancellationToken cancellationToken = default(CancellationToken)) =>
@@ -606,11 +689,11 @@ namespace Oam.Bridge
             Resolved(pending);
         }
 
-        // on the reader thread, from RespondAsync's result mapping
-        Turn ClaimTurn(string npcId, string turnId)
+        // on the reader thread, from StartTurn's result mapping
+        Turn ClaimTurn(string npcId, string turnId, string kind)
         {
-            if (string.IsNullOrEmpty(turnId)) throw new FormatException("npc/respond returned no turnId");
-            var turn = new Turn(this, npcId, turnId);
+            if (string.IsNullOrEmpty(turnId)) throw new FormatException("npc/" + kind + " returned no turnId");
+            var turn = new Turn(this, npcId, turnId, kind);
             List<TurnEvent> early;
             lock (_gate)
             {

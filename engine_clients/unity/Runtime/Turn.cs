@@ -7,7 +7,8 @@ using System.Threading.Tasks;
 namespace Oam.Bridge
 {
     /// <summary>
-    /// A running turn, returned by <see cref="OamBridgeClient.RespondAsync"/>. Await it (or
+    /// A running turn, returned by <see cref="OamBridgeClient.RespondAsync"/>,
+    /// <see cref="OamBridgeClient.DecideAsync"/> and <see cref="OamBridgeClient.PrewarmAsync"/>. Await it (or
     /// <see cref="Completion"/>) for the <see cref="TurnResult"/>; it faults with an
     /// <see cref="OamBridgeException"/> on <c>turn/failed</c> (<c>Code == "cancelled"</c> for a
     /// cancelled turn) or when the bridge exits (<c>Code == "transport"</c>). It completes through
@@ -20,16 +21,22 @@ namespace Oam.Bridge
             new TaskCompletionSource<TurnResult>(TaskCreationOptions.RunContinuationsAsynchronously);
         string _text = "";
         string _json = "";
+        string _speaker;
 
-        internal Turn(OamBridgeClient client, string npcId, string turnId)
+        internal Turn(OamBridgeClient client, string npcId, string turnId, string kind)
         {
             _client = client;
             NpcId = npcId;
             TurnId = turnId;
+            Kind = kind;
         }
 
         public string NpcId { get; }
         public string TurnId { get; }
+        /// <summary><c>respond</c>, <c>decide</c> or <c>prewarm</c> (<see cref="TurnKinds"/>).</summary>
+        public string Kind { get; }
+        /// <summary>Who said the prompt (from <c>turn/started</c>): null for the player or before the turn started.</summary>
+        public string Speaker => Volatile.Read(ref _speaker);
         public Task<TurnResult> Completion => _done.Task;
         public TaskAwaiter<TurnResult> GetAwaiter() => _done.Task.GetAwaiter();
 
@@ -45,7 +52,9 @@ namespace Oam.Bridge
 
         internal void Apply(TurnEvent e)
         {
-            if (e is TextDeltaEvent d)
+            if (e is TurnStartedEvent s)
+                Volatile.Write(ref _speaker, s.Speaker);
+            else if (e is TextDeltaEvent d)
                 Volatile.Write(ref _text, d.Text ?? ((d.IsReset ? "" : _text) + d.Delta));
             else if (e is PartialJsonEvent j)
                 Volatile.Write(ref _json, j.Json ?? (_json + j.Delta));

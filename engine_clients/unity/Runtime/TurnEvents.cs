@@ -46,8 +46,19 @@ namespace Oam.Bridge
 
     public sealed class TurnStartedEvent : TurnEvent
     {
-        internal TurnStartedEvent(string m, JObject p) : base(m, p) { Prompt = p.Value<string>("prompt"); }
+        internal TurnStartedEvent(string m, JObject p) : base(m, p)
+        {
+            Prompt = p.Value<string>("prompt");
+            Speaker = p.Value<string>("speaker");
+            Kind = p.Value<string>("kind") ?? TurnKinds.Respond;
+        }
+
+        /// <summary>The player's line (a decision: the text the model reads; a prewarm: <c>""</c>).</summary>
         public string Prompt { get; }
+        /// <summary>Who said the prompt: null for the player, else the speaker's name (another NPC's persona name or id).</summary>
+        public string Speaker { get; }
+        /// <summary><c>respond</c>, <c>decide</c> or <c>prewarm</c> (<see cref="TurnKinds"/>): the method that started the turn.</summary>
+        public string Kind { get; }
     }
 
     public sealed class TextDeltaEvent : TurnEvent

@@ -1,6 +1,7 @@
 // Runs engine_clients/scenario.json against the real bridge with OamBridgeClient; the same
 // checks as engine_clients/shell/test.sh, plus a few for the rest of the API. Built and run by
-// ../run_tests.sh together with the README's quick start (extracted to .build/QuickStart.g.cs).
+// ../run_tests.sh together with the README's csharp blocks (extracted to .build/Readme*.g.cs:
+// QuickStart and GameLayer).
 //
 //   mono ScenarioTest.exe SCENARIO_JSON REPO_ROOT      (OAM_BRIDGE_CMD overrides the bridge command)
 using System;
@@ -17,6 +18,12 @@ using Oam.Bridge;
 static class ScenarioTest
 {
     static readonly TimeSpan StepTimeout = TimeSpan.FromSeconds(20);
+    // the game-layer steps of scenario.json, run between restore and unknown_npc by GameLayerSteps
+    static readonly string[] NewSteps =
+    {
+        "world_set", "create_guard", "world_set_scoped", "world_get_for_npc", "decide", "guardrail_fallback",
+        "npc_to_npc", "prewarm", "set_tags", "world_get_after_tags", "world_delete",
+    };
     static int _failures;
 
     static void Ok(string what) => Console.WriteLine("ok   - " + what);
@@ -73,6 +80,8 @@ static class ScenarioTest
         var scenario = JObject.Parse(File.ReadAllText(scenarioPath));
         Func<string, JObject> step = name =>
             (JObject)scenario["steps"].First(s => (string)s["name"] == name)["request"]["params"];
+        foreach (string name in NewSteps)
+            if (!scenario["steps"].Any(s => (string)s["name"] == name)) Fail("scenario.json has no step " + name);
 
         string cmd = Environment.GetEnvironmentVariable("OAM_BRIDGE_CMD");
         bool overridden = !string.IsNullOrWhiteSpace(cmd);
@@ -100,11 +109,15 @@ static class ScenarioTest
         // the exe lives in engine_clients/unity/.build/
         await EarlyEvents(Path.Combine(AppDomain.CurrentDomain.BaseDirectory, "..", "Tests~", "early_events_bridge.sh"));
 
-        if (overridden) Console.WriteLine("skip - README quick start (OAM_BRIDGE_CMD is set; it uses .venv)");
+        if (overridden) Console.WriteLine("skip - README quick start and game layer (OAM_BRIDGE_CMD is set; they use .venv)");
         else
         {
             string text = await Within(QuickStart.RunAsync(root), "quick start");
             Check("README quick start returns the echo", text == "You said: Let me in", () => text);
+            string game = await Within(GameLayer.RunAsync(root), "README game layer");
+            const string expected = "prewarmed | question | fallback: Let's talk about something else. | "
+                                    + "Quiet, Greta. (world revision 4) | ale price, gate, history of the keep, season";
+            Check("README game layer runs as printed", game == expected, () => game);
         }
     }
 
@@ -144,7 +157,12 @@ static class ScenarioTest
             return toolOutput;
         });
         var submissions = new List<ToolCallSubmission>();
-        bridge.ToolCallSubmitted += s => submissions.Add(s);
+        var firstSubmission = new TaskCompletionSource<bool>();
+        bridge.ToolCallSubmitted += s =>
+        {
+            submissions.Add(s);
+            firstSubmission.TrySetResult(true);
+        };
 
         var events = new List<TurnEvent>();
         var eventThreads = new HashSet<int>();
@@ -158,13 +176,15 @@ static class ScenarioTest
         events.Clear();
         Turn turn = await Within(bridge.RespondAsync("keeper", (string)step("respond_with_tool")["prompt"]), "npc/respond");
         TurnResult result = await Within(turn.Completion, "tool turn");
-        CheckSequence("tool turn", events, turn.TurnId);
+        CheckSequence("tool turn", events, turn.TurnId, "keeper");
         Check("tool turn: started first", events.FirstOrDefault() is TurnStartedEvent);
         var requested = events.OfType<ToolCallRequestedEvent>().FirstOrDefault();
         Check("tool turn: toolCallRequested check_inventory(ale)",
             requested != null && requested.Name == (string)scriptedCall["name"]
                               && JToken.DeepEquals(requested.Arguments, scriptedCall["arguments"]),
             () => J(requested?.Params));
+        // ToolCallSubmitted follows the npc/submit response, which may be read after the turn's last event
+        await Task.WhenAny(firstSubmission.Task, Task.Delay(StepTimeout));
         Check("submit accepted", submissions.Count == 1 && submissions[0].Accepted && submissions[0].Call.CallId == requested?.CallId,
             () => submissions.Count + " submissions, " + submissions.FirstOrDefault()?.SubmitError);
         Check("tool handler ran on the dispatch thread", handlerThreads.Count == 1 && handlerThreads[0] == mainThread,
@@ -188,7 +208,7 @@ static class ScenarioTest
         turn = await Within(bridge.RespondAsync("keeper", (string)schemaParams["prompt"],
             new RespondOptions { Schema = (JObject)schemaParams["schema"] }), "npc/respond (schema)");
         result = await Within(turn.Completion, "schema turn");
-        CheckSequence("schema turn", events, turn.TurnId);
+        CheckSequence("schema turn", events, turn.TurnId, "keeper");
         Check("schema turn: completed json",
             events.LastOrDefault() is TurnCompletedEvent && JToken.DeepEquals(result.Json, schemaJson), () => J(result.Json));
 
@@ -214,7 +234,7 @@ static class ScenarioTest
             failure = e;
         }
         bridge.TextDelta -= cancelOnFirstDelta;
-        CheckSequence("cancel turn", events, turn.TurnId);
+        CheckSequence("cancel turn", events, turn.TurnId, "keeper");
         if (cancel == null) Fail("cancel lists turn: no textDelta arrived");
         else
         {
@@ -236,6 +256,9 @@ static class ScenarioTest
         Check("transcript is an object", save != null && save.Type == JTokenType.Object);
         var restored = await Within(bridge.RestoreAsync(save, "keeper2"), "npc/restore");
         Check("restore", restored.NpcId == "keeper2" && restored.Turns >= 2, () => restored.NpcId + " " + restored.Turns);
+
+        // ---- the game layer: world facts, a decision, guardrail fallback, NPC-to-NPC, prewarm, tags
+        await GameLayerSteps(bridge, step, events);
 
         // ---- unknown npc
         try
@@ -263,13 +286,13 @@ static class ScenarioTest
         await Within(bridge.DeleteAsync("keeper2"), "npc/delete");
         list = await Within(bridge.ListAsync(), "npc/list");
         Check("extra: reset + delete keeper2", list.All(n => n.NpcId != "keeper2"));
-        var guard = await Within(bridge.CreateNpcAsync(new NpcConfig("guard")
+        var sentry = await Within(bridge.CreateNpcAsync(new NpcConfig("sentry")
         {
             Persona = new Persona("Greta") { Role = "guard", Traits = { "gruff" }, SpeechStyle = "short" },
             Options = new GenerationOptions { Temperature = 0.5, Seed = 7 },
-        }), "npc/create (guard)");
+        }), "npc/create (sentry)");
         const string unicode = "Grüß dich — 你好 \"🍺\"";
-        var echo = await Within(bridge.AskAsync(guard.NpcId, unicode,
+        var echo = await Within(bridge.AskAsync(sentry.NpcId, unicode,
             new RespondOptions { ToolChoice = ToolChoice.None, MaxToolRounds = 1, MaxToolCalls = 1, ToolTimeoutMs = 1000, FullText = false }),
             "AskAsync");
         Check("extra: AskAsync with every respond option, non-ASCII text both ways", echo.Text == "You said: " + unicode,
@@ -316,10 +339,131 @@ static class ScenarioTest
         }
     }
 
-    // every event of the turn has its turnId and npcId; seq runs 0, 1, 2, ... without gaps; one terminal, last
-    static void CheckSequence(string what, List<TurnEvent> events, string turnId)
+    // scenario.json's steps world_set ... world_delete, each with the checks its "expect" describes
+    static async Task GameLayerSteps(OamBridgeClient bridge, Func<string, JObject> step, List<TurnEvent> events)
     {
-        var wrong = events.Where((e, i) => e.TurnId != turnId || e.NpcId != "keeper" || e.Seq != i).ToList();
+        // ---- world_set: a fact scoped to the tag "tavern"
+        JObject set = step("world_set");
+        int revision = await Within(bridge.SetWorldFactAsync((string)set["key"], set["value"], Strings(set["tags"])), "world/set");
+        Check("world_set: revision 1", revision == 1, () => revision.ToString());
+
+        // ---- create_guard: persona, tags, fallbacks, script
+        JObject create = step("create_guard");
+        var config = new NpcConfig((string)create["npcId"])
+        {
+            Engine = (string)create["engine"],
+            Persona = new Persona((string)create["persona"]["name"]) { Role = (string)create["persona"]["role"] },
+            Tags = Strings(create["tags"]),
+            Fallbacks = new NpcFallbacks { GuardrailViolation = Strings(create["fallbacks"]["guardrailViolation"]) },
+            Script = (JArray)create["script"],
+        };
+        var guard = await Within(bridge.CreateNpcAsync(config), "npc/create (guard)");
+        Check("create_guard", guard.NpcId == "guard" && guard.Engine == "scripted", () => guard.NpcId + " " + guard.Engine);
+        // expected values come from the guard's script and fallbacks
+        JObject decisionJson = (JObject)config.Script[0]["json"];
+        string fallbackLine = config.Fallbacks.GuardrailViolation[0];
+        string guardLine = (string)config.Script[2]["text"];
+
+        // ---- world_set_scoped: WorldFact form, scoped to "gate"
+        JObject scoped = step("world_set_scoped");
+        revision = await Within(bridge.SetWorldFactAsync(new WorldFact((string)scoped["key"], scoped["value"])
+        {
+            Tags = Strings(scoped["tags"]),
+        }), "world/set (scoped)");
+        Check("world_set_scoped: revision 2", revision == 2, () => revision.ToString());
+
+        // ---- world_get_for_npc: only the fact the guard can see
+        WorldState world = await Within(bridge.GetWorldAsync((string)step("world_get_for_npc")["npcId"]), "world/get (guard)");
+        WorldFact gate = world.Facts.FirstOrDefault();
+        Check("world_get_for_npc: revision 2, exactly the gate fact (gate=closed, tags [gate], npcIds null, lore false)",
+            world.Revision == 2 && world.Facts.Count == 1 && gate.Key == "gate" && (string)gate.Value == "closed"
+            && gate.Tags != null && gate.Tags.SequenceEqual(new[] { "gate" }) && gate.NpcIds == null && !gate.Lore,
+            () => J(world.Raw));
+
+        // ---- decide: a decision turn of the guard
+        events.Clear();
+        JObject decide = step("decide");
+        var choices = decide["options"].Select(o => new DecisionOption((string)o["name"], (string)o["description"],
+            o["parameters"] as JObject)).ToList();
+        Turn turn = await Within(bridge.DecideAsync((string)decide["npcId"], (string)decide["situation"], choices), "npc/decide");
+        Check("decide: result has a turnId", !string.IsNullOrEmpty(turn.TurnId) && turn.Kind == TurnKinds.Decide, () => turn.TurnId);
+        TurnResult result = await Within(turn.Completion, "decision turn");
+        var decision = new Decision(result);
+        CheckSequence("decide", events, turn.TurnId, "guard");
+        Check("decide: turn/started kind=decide", events.FirstOrDefault() is TurnStartedEvent st && st.Kind == TurnKinds.Decide,
+            () => J(events.FirstOrDefault()?.Params));
+        Check("decide: only partialJson streams", events.Skip(1).Take(events.Count - 2).All(e => e is PartialJsonEvent),
+            () => string.Join(",", events.Select(e => e.Method)));
+        Check("decide: completed json.choice=question, json.reasoning, worldRevision=2",
+            decision.Choice == (string)decisionJson["choice"] && decision.Reasoning == (string)decisionJson["reasoning"]
+            && decision.Arguments == null && JToken.DeepEquals(result.Json, decisionJson) && result.WorldRevision == 2,
+            () => J(result.Raw));
+
+        // ---- guardrail_fallback: the scripted guardrail_violation becomes the fallback line
+        events.Clear();
+        JObject guarded = step("guardrail_fallback");
+        turn = await Within(bridge.RespondAsync((string)guarded["npcId"], (string)guarded["prompt"],
+            new RespondOptions { Guardrail = ParsePolicy((string)guarded["guardrail"]) }), "npc/respond (guardrail)");
+        result = await Within(turn.Completion, "guardrail turn");
+        CheckSequence("guardrail_fallback", events, turn.TurnId, "guard");
+        Check("guardrail_fallback: turn/started kind=respond",
+            events.FirstOrDefault() is TurnStartedEvent gs && gs.Kind == TurnKinds.Respond && gs.Speaker == null,
+            () => J(events.FirstOrDefault()?.Params));
+        Check("guardrail_fallback: completed with the fallback line, finishReason fallback, warning guardrail_violation",
+            result.Text == fallbackLine && result.FinishReason == FinishReasons.Fallback && result.Warnings.Count > 0
+            && result.Warnings[0].StartsWith("guardrail_violation", StringComparison.Ordinal) && turn.Text == fallbackLine,
+            () => J(result.Raw));
+
+        // ---- npc_to_npc: the keeper speaks to the guard
+        events.Clear();
+        JObject spoken = step("npc_to_npc");
+        turn = await Within(bridge.RespondAsync((string)spoken["npcId"], (string)spoken["prompt"],
+            new RespondOptions { Speaker = (string)spoken["speaker"] }), "npc/respond (speaker)");
+        result = await Within(turn.Completion, "npc-to-npc turn");
+        CheckSequence("npc_to_npc", events, turn.TurnId, "guard");
+        // keeper has no persona: its id is its name
+        Check("npc_to_npc: turn/started speaker=keeper",
+            events.FirstOrDefault() is TurnStartedEvent ss && ss.Speaker == "keeper" && ss.Kind == TurnKinds.Respond
+            && turn.Speaker == "keeper",
+            () => J(events.FirstOrDefault()?.Params));
+        string deltas = string.Concat(events.OfType<TextDeltaEvent>().Select(d => d.Delta));
+        Check("npc_to_npc: completed text, deltas concatenate to it", result.Text == guardLine && deltas == guardLine,
+            () => J(result.Raw));
+
+        // ---- prewarm
+        events.Clear();
+        turn = await Within(bridge.PrewarmAsync((string)step("prewarm")["npcId"]), "npc/prewarm");
+        Check("prewarm: result has a turnId", !string.IsNullOrEmpty(turn.TurnId) && turn.Kind == TurnKinds.Prewarm, () => turn.TurnId);
+        result = await Within(turn.Completion, "prewarm turn");
+        CheckSequence("prewarm", events, turn.TurnId, "guard");
+        Check("prewarm: turn/started kind=prewarm, then turn/completed",
+            events.Count == 2 && events[0] is TurnStartedEvent ps && ps.Kind == TurnKinds.Prewarm && ps.Prompt == "",
+            () => string.Join(" ", events.Select(e => J(e.Params))));
+        Check("prewarm: finishReason prewarmed, steps 0, text \"\"",
+            result.FinishReason == FinishReasons.Prewarmed && result.Steps == 0 && result.Text == "", () => J(result.Raw));
+
+        // ---- set_tags, then the guard sees the tavern's fact too
+        JObject tags = step("set_tags");
+        await Within(bridge.SetTagsAsync((string)tags["npcId"], Strings(tags["tags"])), "npc/setTags");
+        Ok("set_tags");
+        world = await Within(bridge.GetWorldAsync((string)step("world_get_after_tags")["npcId"]), "world/get (after tags)");
+        Check("world_get_after_tags: two facts, sorted by key: gate, weather",
+            world.Facts.Select(f => f.Key).SequenceEqual(new[] { "gate", "weather" }), () => J(world.Raw));
+
+        // ---- world_delete
+        WorldDeleteResult deleted = await Within(bridge.DeleteWorldFactAsync((string)step("world_delete")["key"]), "world/delete");
+        Check("world_delete: revision 3, deleted", deleted.Revision == 3 && deleted.Deleted,
+            () => deleted.Revision + " " + deleted.Deleted);
+    }
+
+    static List<string> Strings(JToken array) => array?.Select(t => (string)t).ToList();
+
+    static GuardrailPolicy ParsePolicy(string name) => (GuardrailPolicy)Enum.Parse(typeof(GuardrailPolicy), name, true);
+
+    // every event of the turn has its turnId and npcId; seq runs 0, 1, 2, ... without gaps; one terminal, last
+    static void CheckSequence(string what, List<TurnEvent> events, string turnId, string npcId)
+    {
+        var wrong = events.Where((e, i) => e.TurnId != turnId || e.NpcId != npcId || e.Seq != i).ToList();
         Check(what + ": " + events.Count + " events, seq gap-free, same turnId",
             events.Count > 0 && wrong.Count == 0 && events.Count(e => e.IsTerminal) == 1 && events.Last().IsTerminal,
             () => "wrong: " + string.Join(" ", wrong.Select(e => e.Method + "#" + e.Seq + "@" + e.TurnId)));

@@ -42,12 +42,27 @@ namespace Oam.Bridge.Unity
         public string[] traits = new string[0];
         public string speechStyle = "";
         public OamToolSpec[] tools = new OamToolSpec[0];
+        [Tooltip("Where it is, whose side it is on: world facts scoped by these tags reach this NPC")]
+        public string[] tags = new string[0];
+
+        [Header("Guardrails")]
+        [Tooltip("What SayAsync does when the model's guardrails block a turn or it refuses")]
+        public GuardrailPolicy guardrail = GuardrailPolicy.Fail;
+        [Tooltip("Said instead of a line the guardrails blocked (Fallback / Retry), in turn")]
+        public string[] guardrailFallbackLines = new string[0];
+        [Tooltip("Said instead of a refusal (Fallback / Retry), in turn")]
+        public string[] refusalFallbackLines = new string[0];
+
+        [Tooltip("Prewarm the NPC right after it is created, so its first words come sooner")]
+        public bool prewarmOnStart;
 
         [Header("Events (main thread)")]
         public OamStringEvent onTextDelta = new OamStringEvent();
         public OamStringEvent onTurnCompleted = new OamStringEvent();
         public OamStringEvent onTurnFailed = new OamStringEvent();
 
+        /// <summary>A turn of this NPC started: its <c>Kind</c> (respond, decide, prewarm) and <c>Speaker</c>.</summary>
+        public event Action<TurnStartedEvent> TurnStarted;
         /// <summary>Each streamed piece of text of this NPC's turns.</summary>
         public event Action<TextDeltaEvent> TextDelta;
         public event Action<TurnResult> TurnCompleted;
@@ -77,12 +92,63 @@ namespace Oam.Bridge.Unity
         /// <summary>Runs one turn and returns the NPC's answer. The token (and destroying the component) cancels it.</summary>
         public async Task<string> SayAsync(string prompt, CancellationToken cancellationToken = default(CancellationToken))
         {
+            TurnResult result = await SayAsync(prompt, new RespondOptions(), cancellationToken);
+            return result.Text;
+        }
+
+        /// <summary>
+        /// Runs one turn with <paramref name="options"/> and returns the whole result (<c>FinishReason</c>,
+        /// <c>WorldRevision</c>, ...). The component's <see cref="guardrail"/> applies unless the options set one.
+        /// </summary>
+        public async Task<TurnResult> SayAsync(string prompt, RespondOptions options,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            await ReadyAsync();
+            options = options ?? new RespondOptions();
+            if (!options.Guardrail.HasValue && guardrail != GuardrailPolicy.Fail) options.Guardrail = guardrail;
+            using (var both = CancellationTokenSource.CreateLinkedTokenSource(cancellationToken, _lifetime.Token))
+            {
+                return await Client.AskAsync(npcId, prompt, options, both.Token);
+            }
+        }
+
+        /// <summary>
+        /// This NPC answers another NPC: <paramref name="speaker"/> says <paramref name="line"/> (the model
+        /// reads it as <c>Name: line</c>, the name being the speaker's persona name or id).
+        /// </summary>
+        public async Task<string> ReplyToAsync(OamNpc speaker, string line,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            if (speaker == null) throw new ArgumentNullException(nameof(speaker));
+            TurnResult result = await SayAsync(line, new RespondOptions { Speaker = speaker.npcId }, cancellationToken);
+            return result.Text;
+        }
+
+        /// <summary>The NPC picks one of <paramref name="choices"/> for <paramref name="situation"/> (<c>npc/decide</c>).</summary>
+        public async Task<Decision> DecideAsync(string situation, IEnumerable<DecisionOption> choices,
+            DecideOptions options = null, CancellationToken cancellationToken = default(CancellationToken))
+        {
             await ReadyAsync();
             using (var both = CancellationTokenSource.CreateLinkedTokenSource(cancellationToken, _lifetime.Token))
             {
-                TurnResult result = await Client.AskAsync(npcId, prompt, null, both.Token);
-                return result.Text;
+                return await Client.ChooseAsync(npcId, situation, choices, options, both.Token);
             }
+        }
+
+        /// <summary>Prepares the NPC before the player reaches it (<c>npc/prewarm</c>); completes when it is done.</summary>
+        public async Task PrewarmAsync()
+        {
+            await ReadyAsync();
+            Turn turn = await Client.PrewarmAsync(npcId);
+            await turn.Completion;
+        }
+
+        /// <summary>Replaces the NPC's tags (<c>npc/setTags</c>), e.g. when it walks into the tavern.</summary>
+        public async Task SetTagsAsync(params string[] newTags)
+        {
+            tags = newTags ?? new string[0];
+            await ReadyAsync();
+            await Client.SetTagsAsync(npcId, tags);
         }
 
         async void Start()
@@ -100,11 +166,13 @@ namespace Oam.Bridge.Unity
                 throw new OperationCanceledException("OamNpc destroyed");
             }
             Client = client;
+            client.TurnStarted += OnTurnStarted;
             client.TextDelta += OnTextDelta;
             client.Completed += OnCompleted;
             client.Failed += OnFailed;
             foreach (var kv in _handlers) client.RegisterTool(npcId, kv.Key, kv.Value);
             await client.CreateNpcAsync(BuildConfig());
+            if (prewarmOnStart) await client.PrewarmAsync(npcId); // accepted; it runs before the first turn
         }
 
         NpcConfig BuildConfig()
@@ -116,10 +184,23 @@ namespace Oam.Bridge.Unity
             };
             if (!string.IsNullOrEmpty(personaName))
                 config.Persona = new Persona(personaName) { Role = role, Traits = traits ?? new string[0], SpeechStyle = speechStyle };
+            config.Tags = tags ?? new string[0];
+            if ((guardrailFallbackLines?.Length ?? 0) > 0 || (refusalFallbackLines?.Length ?? 0) > 0)
+                config.Fallbacks = new NpcFallbacks
+                {
+                    GuardrailViolation = guardrailFallbackLines ?? new string[0],
+                    Refusal = refusalFallbackLines ?? new string[0],
+                };
             foreach (var tool in tools ?? new OamToolSpec[0])
                 config.Tools.Add(new ToolDefinition(tool.name, tool.description,
                     string.IsNullOrEmpty(tool.parametersJson) ? null : JObject.Parse(tool.parametersJson)));
             return config;
+        }
+
+        void OnTurnStarted(TurnStartedEvent e)
+        {
+            if (e.NpcId != npcId) return;
+            TurnStarted?.Invoke(e);
         }
 
         void OnTextDelta(TextDeltaEvent e)
@@ -155,6 +236,7 @@ namespace Oam.Bridge.Unity
             OamBridgeClient client = Client;
             Client = null;
             if (client == null) return;
+            client.TurnStarted -= OnTurnStarted;
             client.TextDelta -= OnTextDelta;
             client.Completed -= OnCompleted;
             client.Failed -= OnFailed;
