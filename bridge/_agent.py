@@ -45,6 +45,7 @@ import referencing.jsonschema
 import trio
 
 from . import _messages as m
+from ._world import EMPTY_VIEW, RECALL, RESPOND_DIRECTLY, RESPOND_DIRECTLY_TOOL, View, World, render_value
 from .engines.base import Engine, Message, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolMode, ToolSpec, Usage
 from .errors import BridgeError
 
@@ -63,6 +64,9 @@ TURN_TRANSITIONS: dict[str, frozenset[str]] = {
 
 # How many restored turns one lazy count covers (one worker-thread hop for slow engines).
 COUNT_CHUNK = 64
+# Step failures a turn's ``guardrail`` policy may turn into a fallback line or a retry.
+GUARDRAIL_CODES = frozenset({"guardrail_violation", "refusal"})
+FALLBACK_FIELDS = {"guardrail_violation": "guardrail_violation", "refusal": "refusal"}
 
 
 class StateError(RuntimeError):
@@ -301,10 +305,13 @@ class _PendingCall:
 
 
 class Turn:
-    def __init__(self, npc: Npc, params: m.RespondParams) -> None:
+    def __init__(self, npc: Npc, params: m.RespondParams, kind: m.TurnKind = "respond", speaker: str | None = None, remember: bool = True) -> None:
         self.id = f"turn_{uuid.uuid4().hex[:12]}"
         self.npc = npc
         self.params = params
+        self.kind: m.TurnKind = kind
+        self.speaker = speaker  # the name the prompt is attributed to; None: the player
+        self.remember = remember  # False: the turn completes but does not enter the history
         self.state = "queued"
         self.seq = 0
         self.scope = trio.CancelScope()
@@ -341,8 +348,15 @@ class Npc:
     dropping the oldest turn one at a time until it fits gave.
     """
 
-    def __init__(self, config: m.NpcConfig, engine: Engine, engine_name: str, sink: EventSink, max_queued: int) -> None:
+    def __init__(
+        self, config: m.NpcConfig, engine: Engine, engine_name: str, sink: EventSink, max_queued: int, world: World | None = None
+    ) -> None:
         self.config = config
+        self.world = world
+        self.tags = frozenset(config.tags)
+        self._view: tuple[int, frozenset[str], View] | None = None
+        self._fallback_next: dict[str, int] = {}
+        self._recall_check: tuple[View, Any] | None = None
         self.npc_id = config.npc_id
         self.engine = engine
         self.engine_name = engine_name
@@ -364,7 +378,7 @@ class Npc:
         self._start = 0  # first visible turn; every turn from here on is counted
         self._visible = 0  # sum of _turn_tokens[_start:]
         self._epoch = 0  # bumped when the history is replaced: stale counts are dropped
-        self._base: dict[tuple[str, ...], int] = {}
+        self._base: dict[tuple[Any, ...], int] = {}
         self._empty: int | None = None
         # every turn's messages in order, so a window's messages are one slice
         self._messages: list[Message] = []
@@ -400,11 +414,13 @@ class Npc:
             (self._empty,) = await _count(self.engine, [("", [], [])])
         return self._empty
 
-    async def _base_tokens(self, tools: list[ToolSpec]) -> int:
-        key = tuple(t.name for t in tools)
+    async def _base_tokens(self, instructions: str, tools: list[ToolSpec]) -> int:
+        key = (instructions, *((t.name, t.description) for t in tools))
         n = self._base.get(key)
         if n is None:
-            (n,) = await _count(self.engine, [(self.instructions, [], tools)])
+            (n,) = await _count(self.engine, [(instructions, [], tools)])
+            if len(self._base) >= 32:  # old world views and tool sets
+                self._base.clear()
             self._base[key] = n
         return n
 
@@ -464,10 +480,36 @@ class Npc:
     async def prompt_tokens(self) -> int:
         """Tokens of the prompt the model would see now (instructions, every tool, and the
         turns that fit the window), counted off the event loop for slow engines."""
-        tools = list(self.tools.values())
-        fixed = await self._base_tokens(tools)
+        view = self.view()
+        tools = list(self.tools.values()) + ([view.recall_tool] if view.recall_tool is not None else [])
+        fixed = await self._base_tokens(self._instructions(view), tools)
         _, visible = await self._window(fixed, self._budget())
         return fixed + visible
+
+    # ---- the world ----
+
+    def view(self) -> View:
+        """What the NPC sees of the world now (computed once per revision and tag set)."""
+        world = self.world
+        if world is None:
+            return EMPTY_VIEW
+        cached = self._view
+        if cached is not None and cached[0] == world.revision and cached[1] is self.tags:
+            return cached[2]
+        view = world.view(self.npc_id, self.tags)
+        self._view = (world.revision, self.tags, view)
+        return view
+
+    def _instructions(self, view: View) -> str:
+        """The persona and the game's instructions, then the facts: a fact change keeps the
+        prefix before them (an engine's cached prompt) intact."""
+        if not view.text:
+            return self.instructions
+        return f"{self.instructions}\n\n{view.text}" if self.instructions else view.text
+
+    def set_tags(self, tags: list[str]) -> None:
+        self.config = msgspec.structs.replace(self.config, tags=list(tags))
+        self.tags = frozenset(tags)
 
     def _window_messages(self, first: int) -> list[Message]:
         """The messages of the turns from ``first`` on: one slice, copied in C."""
@@ -482,12 +524,12 @@ class Npc:
 
     # ---- queue ----
 
-    def enqueue(self, params: m.RespondParams) -> Turn:
+    def enqueue(self, params: m.RespondParams, kind: m.TurnKind = "respond", speaker: str | None = None, remember: bool = True) -> Turn:
         if self.closed:
             raise BridgeError("unknown_npc", f"npc {self.npc_id!r} was deleted", npcId=self.npc_id)
         if len(self.queued) >= self._max_queued:
             raise BridgeError("busy", f"npc {self.npc_id!r} has too many queued turns")
-        turn = Turn(self, params)
+        turn = Turn(self, params, kind, speaker, remember)
         self.queued.append(turn)
         self._wake_worker()
         return turn
@@ -596,8 +638,11 @@ class Npc:
         try:
             with turn.scope:
                 try:
-                    await self._emit(turn, m.TurnStarted, prompt=turn.params.prompt)
-                    await self._steps(turn)
+                    await self._emit(turn, m.TurnStarted, prompt=turn.params.prompt, speaker=turn.speaker, kind=turn.kind)
+                    if turn.kind == "prewarm":
+                        await self._prewarm(turn)
+                    else:
+                        await self._steps(turn)
                     return
                 except BridgeError as e:
                     error = e
@@ -620,7 +665,7 @@ class Npc:
 
     async def _steps(self, turn: Turn) -> None:
         p = turn.params
-        working: list[Message] = [Message(role="user", content=p.prompt)]
+        working: list[Message] = [Message(role="user", content=p.prompt, name=turn.speaker)]
         working_tokens = await self._messages_tokens(working)
         records: list[m.ToolRecord] = []
         usage = Usage()
@@ -630,9 +675,17 @@ class Npc:
         step = 0
         finish = "stop"
         budget = self._budget()
+        schema = p.schema
+        direct = False  # the model chose respond_directly, or a retry as text: words only
+        retried = False
+        shown = False  # text or JSON reached the game during this turn
+        view = EMPTY_VIEW
         while True:
-            tools, mode = self._steer(p, step, rounds, calls_made)
-            fixed = await self._base_tokens(tools) + working_tokens
+            # The world as this step sees it: a change after this line applies from the next step.
+            view = self.view()
+            instructions = self._instructions(view)
+            tools, mode = self._steer(p, step, rounds, calls_made, view, direct)
+            fixed = await self._base_tokens(instructions, tools) + working_tokens
             dropped, visible = await self._window(fixed, budget)
             if fixed + visible > budget:
                 raise BridgeError(
@@ -656,50 +709,46 @@ class Npc:
                 )
             req = StepRequest(
                 npc_id=self.npc_id,
-                instructions=self.instructions,
+                instructions=instructions,
                 messages=msgs,
                 tools=tools,
                 tool_mode=mode,
-                schema=p.schema,
+                schema=schema,
                 options=self.config.options,
                 step_index=step,
                 speaker=self.config.persona.name if self.config.persona else None,
             )
-            text = ""
-            calls: list[ToolCall] = []
-            reset = step > 0  # the first delta after a tool round replaces what was shown, if anything
-            n_chunks = 0
-            # aclosing: a cancelled step closes the engine's generator at once, so an engine
-            # can stop its worker thread instead of waiting for garbage collection.
-            async with aclosing(self.engine.stream_step(req)) as stream:  # type: ignore[type-var]
-                async for chunk in stream:
-                    n_chunks += 1
-                    if n_chunks % 32 == 0:
-                        await trio.lowlevel.checkpoint()  # let other NPCs and the reader run
-                    if isinstance(chunk, TextChunk):
-                        text += chunk.delta
-                        so_far = text if p.full_text else None
-                        # ``_emit`` written out (one event per chunk, the hot path): room first,
-                        # then the seq and ``put`` with no checkpoint between.
-                        await self.sink.wait_room()
-                        ev: m.Event
-                        if p.schema is not None:
-                            ev = m.PartialJson(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), json=so_far, delta=chunk.delta)
-                        else:
-                            ev = m.TextDelta(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), delta=chunk.delta, text=so_far, is_reset=reset)
-                            reset = False
-                        self.sink.put(ev)
-                    elif isinstance(chunk, ToolCallsChunk):
-                        calls.extend(chunk.calls)
-                    else:
-                        usage.add(chunk.usage)
-                        finish = chunk.finish_reason
-                        warnings.extend(w for w in chunk.warnings if w not in warnings)
+            try:
+                text, calls, finish = await self._stream(turn, req, reset=step > 0, usage=usage, warnings=warnings)
+            except BridgeError as e:
+                if e.code not in GUARDRAIL_CODES or p.guardrail == "fail":
+                    raise
+                warn = f"{e.code}: {e.message}"
+                if warn not in warnings:
+                    warnings.append(warn)
+                if p.guardrail == "retry" and not retried:
+                    # Once more as plain text: guided generation trips guardrails far more often.
+                    retried = direct = True
+                    schema = None
+                    step += 1
+                    continue
+                line = self._fallback_line(e.code)
+                if line is None:
+                    raise
+                await self._complete_fallback(turn, line, shown, records, usage, step + 1, warnings, view)
+                return
+            shown = shown or bool(text)
             step += 1
             if calls and mode != "disallowed":
+                if any(c.name == RESPOND_DIRECTLY for c in calls) and any(t is RESPOND_DIRECTLY_TOOL for t in tools):
+                    # The bridge's no-op: never the game's, never in the history.
+                    calls = [c for c in calls if c.name != RESPOND_DIRECTLY]
+                    if not calls:
+                        direct = True
+                        continue
                 rounds += 1
                 turn.move("awaiting_tool")
-                results = await self._run_calls(turn, calls, calls_made, p, {t.name: t for t in tools})
+                results = await self._run_calls(turn, calls, calls_made, p, {t.name: t for t in tools}, view)
                 turn.move("running")
                 calls_made += len(calls)
                 new = [Message(role="assistant", content=text, tool_calls=calls)]
@@ -720,16 +769,18 @@ class Npc:
                 raise BridgeError("generation_failed", "the model answered without calling a tool on a step that required one")
             break
         answer: Any = None
-        if p.schema is not None:
+        if schema is not None:
             try:
                 answer = msgspec.json.decode(text)
             except msgspec.DecodeError:
                 why = " (cut off by maxTokens: finish_reason \"length\")" if finish == "length" else ""
                 raise BridgeError("generation_failed", f"the structured answer is not valid JSON{why}", text=text[:200]) from None
-            problem = first_error(make_validator(p.schema), answer)
+            problem = first_error(make_validator(schema), answer)
             if problem is not None:
                 raise BridgeError("generation_failed", f"the structured answer does not match the schema: {problem}")
-            answer = reorder_to_schema(answer, p.schema)
+            answer = reorder_to_schema(answer, schema)
+        if retried:
+            finish = "retried_as_text"
         final = Message(role="assistant", content=text)
         working.append(final)
         tokens = working_tokens + await self._messages_tokens([final])
@@ -737,7 +788,8 @@ class Npc:
         # the commit below has no checkpoint, so it is all or nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
         # Commit: the one place history changes. Nothing before this point is kept on failure.
-        self._commit(working, tokens)
+        if turn.remember:
+            self._commit(working, tokens)
         turn.move("completed")
         self._put(
             turn,
@@ -749,22 +801,130 @@ class Npc:
             steps=step,
             finish_reason=finish,
             warnings=warnings,
+            world_revision=view.revision,
         )
 
-    def _steer(self, p: m.RespondParams, step: int, rounds: int, calls_made: int) -> tuple[list[ToolSpec], ToolMode]:
-        """Tool mode and visible tools for one step: ``required``/named apply to step 0 only;
-        a spent budget or ``none`` disallows, and disallowed steps show no tools at all."""
+    async def _stream(self, turn: Turn, req: StepRequest, *, reset: bool, usage: Usage, warnings: list[str]) -> tuple[str, list[ToolCall], str]:
+        """Run one model step, streaming its text to the game: (text, tool calls, finish
+        reason). ``reset``: the first delta replaces what was shown (a step after a round)."""
+        p = turn.params
+        text = ""
+        calls: list[ToolCall] = []
+        finish = "stop"
+        n_chunks = 0
+        # aclosing: a cancelled step closes the engine's generator at once, so an engine
+        # can stop its worker thread instead of waiting for garbage collection.
+        async with aclosing(self.engine.stream_step(req)) as stream:  # type: ignore[type-var]
+            async for chunk in stream:
+                n_chunks += 1
+                if n_chunks % 32 == 0:
+                    await trio.lowlevel.checkpoint()  # let other NPCs and the reader run
+                if isinstance(chunk, TextChunk):
+                    text += chunk.delta
+                    so_far = text if p.full_text else None
+                    # ``_emit`` written out (one event per chunk, the hot path): room first,
+                    # then the seq and ``put`` with no checkpoint between.
+                    await self.sink.wait_room()
+                    ev: m.Event
+                    if req.schema is not None:
+                        ev = m.PartialJson(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), json=so_far, delta=chunk.delta)
+                    else:
+                        ev = m.TextDelta(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), delta=chunk.delta, text=so_far, is_reset=reset)
+                        reset = False
+                    self.sink.put(ev)
+                elif isinstance(chunk, ToolCallsChunk):
+                    calls.extend(chunk.calls)
+                else:
+                    usage.add(chunk.usage)
+                    finish = chunk.finish_reason
+                    warnings.extend(w for w in chunk.warnings if w not in warnings)
+        return text, calls, finish
+
+    def _fallback_line(self, code: str) -> str | None:
+        """The NPC's next fallback line for ``code`` (in turn), or None when it has none."""
+        fb = self.config.fallbacks
+        lines = [] if fb is None else (fb.guardrail_violation if code == "guardrail_violation" else fb.refusal)
+        if not lines:
+            return None
+        i = self._fallback_next.get(code, 0) % len(lines)
+        self._fallback_next[code] = i + 1
+        return lines[i]
+
+    async def _complete_fallback(
+        self, turn: Turn, line: str, shown: bool, records: list[m.ToolRecord], usage: Usage, steps: int, warnings: list[str], view: View
+    ) -> None:
+        """End the turn with a fallback line: streamed as one delta, not committed (the words
+        that tripped the guardrail stay out of the history, so they cannot trip the next turn)."""
+        p = turn.params
+        await self._emit(turn, m.TextDelta, delta=line, text=line if p.full_text else None, is_reset=shown)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        turn.move("completed")
+        self._put(
+            turn,
+            m.TurnCompleted,
+            text=line,
+            json=None,
+            tool_calls=records,
+            usage=usage,
+            steps=steps,
+            finish_reason="fallback",
+            warnings=warnings,
+            world_revision=view.revision,
+        )
+
+    async def _prewarm(self, turn: Turn) -> None:
+        """``npc/prewarm``: hand the engine the step the NPC would run now, to prepare."""
+        view = self.view()
+        instructions = self._instructions(view)
+        tools, mode = self._steer(turn.params, 0, 0, 0, view, False)
+        fixed = await self._base_tokens(instructions, tools)
+        budget = self._budget()
+        dropped, visible = await self._window(fixed, budget)
+        if fixed + visible > budget:
+            raise BridgeError("context_size_exceeded", f"prompt needs {fixed} tokens; the window leaves {budget}", tokens=fixed, contextSize=self.engine.context_size)
+        req = StepRequest(
+            npc_id=self.npc_id,
+            instructions=instructions,
+            messages=self._window_messages(dropped),
+            tools=tools,
+            tool_mode=mode,
+            schema=None,
+            options=self.config.options,
+            step_index=0,
+            speaker=self.config.persona.name if self.config.persona else None,
+        )
+        usage = Usage()
+        prewarm = getattr(self.engine, "prewarm", None)
+        if prewarm is not None:
+            usage = await prewarm(req)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        turn.move("completed")
+        self._put(turn, m.TurnCompleted, text="", json=None, tool_calls=[], usage=usage, steps=0, finish_reason="prewarmed", world_revision=view.revision)
+
+    def _steer(self, p: m.RespondParams, step: int, rounds: int, calls_made: int, view: View, direct: bool) -> tuple[list[ToolSpec], ToolMode]:
+        """Tool mode and visible tools for one step: ``required``/named/``tool_or_answer``
+        apply to step 0 only; a spent budget, ``none`` or a direct answer disallows, and
+        disallowed steps show no tools at all. The world's ``recall`` joins the NPC's tools
+        while it can see lore."""
         choice = p.tool_choice
-        if not self.tools or choice == "none" or rounds >= p.max_tool_rounds or calls_made >= p.max_tool_calls:
+        tools = list(self.tools.values())
+        if view.recall_tool is not None:
+            tools.append(view.recall_tool)
+        if direct or not tools or choice == "none" or rounds >= p.max_tool_rounds or calls_made >= p.max_tool_calls:
             return [], "disallowed"
         if step == 0 and isinstance(choice, m.NamedTool):
-            return [self.tools[choice.tool]], "required"
+            named = [t for t in tools if t.name == choice.tool]
+            if not named:
+                raise BridgeError("invalid_params", f"toolChoice names tool {choice.tool!r}, which the npc does not have now")
+            return named, "required"
         if step == 0 and choice == "required":
-            return list(self.tools.values()), "required"
-        return list(self.tools.values()), "allowed"
+            return tools, "required"
+        if step == 0 and choice == "tool_or_answer":
+            return [*tools, RESPOND_DIRECTLY_TOOL], "required"
+        return tools, "allowed"
 
     async def _run_calls(
-        self, turn: Turn, calls: list[ToolCall], calls_made: int, p: m.RespondParams, shown: dict[str, ToolSpec]
+        self, turn: Turn, calls: list[ToolCall], calls_made: int, p: m.RespondParams, shown: dict[str, ToolSpec], view: View
     ) -> list[tuple[Any, str | None]]:
         """Run one step's calls concurrently; results keep call order. Errors become outputs.
 
@@ -778,12 +938,15 @@ class Npc:
         repeats: list[bool] = []
         for i, call in enumerate(calls):
             repeats.append(call.id in seen)
-            problems.append(self._call_problem(call, shown, over_budget=i >= room, duplicate=repeats[i]))
+            problems.append(self._call_problem(call, shown, view, over_budget=i >= room, duplicate=repeats[i]))
             seen.add(call.id)
 
         async def one(i: int, call: ToolCall) -> None:
             if repeats[i]:
                 results[i] = (None, problems[i])
+                return
+            if call.name == RECALL and problems[i] is None:
+                results[i] = await self._recall(turn, call, view)
                 return
             results[i] = await self._one_call(turn, call, p.tool_timeout_ms, problems[i])
 
@@ -792,18 +955,19 @@ class Npc:
                 nursery.start_soon(one, i, call)
         return results
 
-    def _call_problem(self, call: ToolCall, shown: dict[str, ToolSpec], over_budget: bool, duplicate: bool) -> str | None:
+    def _call_problem(self, call: ToolCall, shown: dict[str, ToolSpec], view: View, over_budget: bool, duplicate: bool) -> str | None:
         """Why the game must not get this call (the model gets the reason as its output)."""
         if over_budget:
             return "tool call budget exceeded for this turn; answer without more tool calls"
         if duplicate or call.id in self.pending:
             return f"duplicate tool call id {call.id!r}"
-        if call.name not in self.tools:
+        recall = call.name == RECALL and view.recall_tool is not None
+        if call.name not in self.tools and not recall:
             return f"unknown tool {call.name!r}"
-        if call.name not in shown:
-            return f"tool {call.name!r} is not offered on this step; call one of: {', '.join(shown)}"
+        if call.name not in shown or call.name == RESPOND_DIRECTLY:
+            return f"tool {call.name!r} is not offered on this step; call one of: {', '.join(n for n in shown if n != RESPOND_DIRECTLY)}"
         try:
-            problem = first_error(self._arg_validators[call.name], call.arguments)
+            problem = first_error(self._recall_validator(view) if recall else self._arg_validators[call.name], call.arguments)
         except Exception:  # a schema check_schema let through but jsonschema cannot apply
             log.exception("validating the arguments of %s", call.name)
             return "invalid arguments: they could not be checked against the tool's schema"
@@ -850,6 +1014,20 @@ class Npc:
             return None, None
         await self._emit_owed(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=pc.output, error=pc.error)
         return pc.output, pc.error
+
+    def _recall_validator(self, view: View) -> Any:
+        cached = self._recall_check
+        if cached is None or cached[0] is not view:
+            assert view.recall_tool is not None
+            cached = self._recall_check = (view, make_validator(view.recall_tool.parameters))
+        return cached[1]
+
+    async def _recall(self, turn: Turn, call: ToolCall, view: View) -> tuple[Any, str | None]:
+        """The bridge's own tool: the lore the step's view holds for the topic, answered at
+        once (a dictionary lookup: nothing to time out), seen by the game as completed only."""
+        output = render_value(view.lore[call.arguments["topic"]])
+        await self._emit_owed(turn, m.ToolCallCompleted, call_id=call.id, name=call.name, output=output)
+        return output, None
 
     def _put_call_end(self, turn: Turn, pc: _PendingCall) -> None:
         """A requested call's one ending event, without waiting: withdrawn, or completed with

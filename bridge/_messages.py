@@ -31,6 +31,10 @@ class Limits(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=
     max_queued_turns_per_npc: int = 32
     max_nesting_depth: int = 100  # deeper JSON is refused (invalid_message)
     exit_grace_ms: int = 2000  # stdin EOF, exit or a signal: the process is gone within this
+    max_world_fact_bytes: int = 16 * 1024  # one fact's key and JSON value (not lore)
+    max_world_bytes: int = 64 * 1024  # every fact that is not lore
+    max_lore_bytes: int = 4 * 1024 * 1024  # every lore fact
+    max_lore_fact_bytes: int = 256 * 1024  # one lore fact
 
 
 class _Params(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
@@ -58,6 +62,17 @@ class Persona(_Params, frozen=True):
     speech_style: str = ""
 
 
+MAX_FALLBACK_LINES = 32
+FallbackLines = Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(max_length=MAX_FALLBACK_LINES)]
+
+
+class Fallbacks(_Params, frozen=True):
+    """Lines an NPC says instead when the model's guardrails block a turn or it refuses."""
+
+    guardrail_violation: FallbackLines = []
+    refusal: FallbackLines = []
+
+
 class NpcConfig(_Params, frozen=True):
     """What ``npc/create`` takes; also the config part of a save."""
 
@@ -68,6 +83,8 @@ class NpcConfig(_Params, frozen=True):
     engine: str = "auto"
     model: str | None = None  # llama engine: a GGUF file for this NPC (default: the bridge's)
     options: GenerationOptions = GenerationOptions()
+    tags: list[str] = []
+    fallbacks: Fallbacks | None = None
     script: list[Any] | None = None
 
 
@@ -75,7 +92,8 @@ class NamedTool(_Params, frozen=True):
     tool: str
 
 
-ToolChoice = Literal["auto", "required", "none"] | NamedTool
+ToolChoice = Literal["auto", "required", "none", "tool_or_answer"] | NamedTool
+GuardrailPolicy = Literal["fail", "fallback", "retry"]
 
 
 class RespondParams(_Params, frozen=True):
@@ -87,6 +105,8 @@ class RespondParams(_Params, frozen=True):
     schema: dict[str, Any] | None = None
     tool_timeout_ms: ToolTimeoutMs = 60_000
     full_text: bool = True  # textDelta/partialJson carry the text so far (False: deltas only)
+    speaker: str | None = None  # another NPC's id or a name; None: the player
+    guardrail: GuardrailPolicy = "fail"
 
 
 class SubmitParams(_Params, frozen=True):
@@ -106,6 +126,44 @@ class Save(_Params, frozen=True):
     version: int
     config: NpcConfig
     turns: list[list[Message]]
+
+
+MAX_OPTIONS = 64
+
+
+class DecisionOption(_Params, frozen=True):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+class DecideParams(_Params, frozen=True):
+    npc_id: str
+    situation: str
+    options: Annotated[list[DecisionOption], msgspec.Meta(min_length=1, max_length=MAX_OPTIONS)]
+    reasoning: bool = True
+    remember: bool = False
+
+
+class SetTagsParams(_Params, frozen=True):
+    npc_id: str
+    tags: list[str]
+
+
+class WorldSetParams(_Params, frozen=True):
+    key: Annotated[str, msgspec.Meta(min_length=1)]
+    value: Any
+    npc_ids: list[str] | None = None
+    tags: list[str] | None = None
+    lore: bool = False
+
+
+class WorldKey(_Params, frozen=True):
+    key: str
+
+
+class WorldGetParams(_Params, frozen=True):
+    npc_id: str | None = None
 
 
 class RestoreParams(_Params, frozen=True):
@@ -134,6 +192,12 @@ PARAMS: dict[str, type[msgspec.Struct]] = {
     "npc/list": EmptyParams,
     "tokens/count": CountTokensParams,
     "engine/status": EmptyParams,
+    "npc/decide": DecideParams,
+    "npc/prewarm": NpcRef,
+    "npc/setTags": SetTagsParams,
+    "world/set": WorldSetParams,
+    "world/delete": WorldKey,
+    "world/get": WorldGetParams,
 }
 
 
@@ -152,7 +216,7 @@ class ServerInfo(_Result, frozen=True):
 class ToolCapabilities(_Result, frozen=True):
     engine_executed: bool = True
     parallel_calls: bool = True
-    tool_choice: list[str] = msgspec.field(default_factory=lambda: ["auto", "required", "none", "named"])
+    tool_choice: list[str] = msgspec.field(default_factory=lambda: ["auto", "required", "none", "named", "tool_or_answer"])
     budgets: bool = True
     timeouts: bool = True
 
@@ -175,12 +239,22 @@ class TrimmingCapabilities(_Result, frozen=True):
     announced: bool = True
 
 
+class GameCapabilities(_Result, frozen=True):
+    world: bool = True
+    lore: bool = True
+    decisions: bool = True
+    guardrail_policies: list[str] = msgspec.field(default_factory=lambda: ["fail", "fallback", "retry"])
+    prewarm: bool = True
+    speakers: bool = True
+
+
 class Capabilities(_Result, frozen=True):
     tools: ToolCapabilities = ToolCapabilities()
     streaming: StreamingCapabilities = StreamingCapabilities()
     structured_output: StructuredOutputCapabilities = StructuredOutputCapabilities()
     transcripts: TranscriptCapabilities = TranscriptCapabilities()
     trimming: TrimmingCapabilities = TrimmingCapabilities()
+    game: GameCapabilities = GameCapabilities()
 
 
 class InitializeResult(_Result, frozen=True):
@@ -243,6 +317,28 @@ class EngineStatusResult(_Result, frozen=True):
     default_engine: str
 
 
+class WorldRevision(_Result, frozen=True):
+    revision: int
+
+
+class WorldDeleteResult(_Result, frozen=True):
+    revision: int
+    deleted: bool
+
+
+class Fact(_Result, frozen=True):
+    key: str
+    value: Any
+    npc_ids: list[str] | None = None
+    tags: list[str] | None = None
+    lore: bool = False
+
+
+class WorldGetResult(_Result, frozen=True):
+    revision: int
+    facts: list[Fact]
+
+
 RESULTS: dict[str, Any] = {
     "initialize": InitializeResult,
     "shutdown": None,
@@ -258,6 +354,12 @@ RESULTS: dict[str, Any] = {
     "npc/list": NpcListResult,
     "tokens/count": CountTokensResult,
     "engine/status": EngineStatusResult,
+    "npc/decide": RespondResult,
+    "npc/prewarm": RespondResult,
+    "npc/setTags": EmptyResult,
+    "world/set": WorldRevision,
+    "world/delete": WorldDeleteResult,
+    "world/get": WorldGetResult,
 }
 
 
@@ -270,8 +372,13 @@ class _Event(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     seq: int
 
 
+TurnKind = Literal["respond", "decide", "prewarm"]
+
+
 class TurnStarted(_Event, frozen=True):
     prompt: str
+    speaker: str | None = None
+    kind: TurnKind = "respond"
 
 
 class TextDelta(_Event, frozen=True):
@@ -328,6 +435,7 @@ class TurnCompleted(_Event, frozen=True, kw_only=True):
     steps: int
     finish_reason: str
     warnings: list[str] = []
+    world_revision: int = 0
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

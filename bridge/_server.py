@@ -36,7 +36,7 @@ log = logging.getLogger("oam_bridge.server")
 
 # methods whose handling may wait (an engine start, a token count on a model): never run
 # by the reader itself
-_MAY_WAIT = frozenset({"npc/create", "npc/restore", "tokens/count"})
+_MAY_WAIT = frozenset({"npc/create", "npc/restore", "tokens/count", "npc/decide"})
 RETRY_AFTER_MS = 10
 
 
@@ -68,6 +68,12 @@ class Server:
             "npc/list": lambda _: self.service.list(),
             "tokens/count": self.service.count_tokens,
             "engine/status": lambda _: self.service.engine_status(),
+            "npc/decide": self.service.decide,
+            "npc/prewarm": self.service.prewarm,
+            "npc/setTags": self.service.set_tags,
+            "world/set": self.service.world_set,
+            "world/delete": self.service.world_delete,
+            "world/get": self.service.world_get,
         }
 
     @property

@@ -23,12 +23,15 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
+
 import msgspec
 import trio
 
 from . import __version__
 from . import _messages as m
 from ._agent import EventSink, Npc, check_schema, count_text_tokens
+from ._world import RECALL, RESERVED_TOOL_NAMES, World
 from .engines import EngineRegistry
 from .engines.base import Engine, Message
 from .engines.scripted import validate_script
@@ -105,6 +108,7 @@ class Service:
         self._turn_events = TurnEvents() if sink is None else None
         self.sink: EventSink = sink if sink is not None else self._turn_events  # type: ignore[assignment]
         self.npcs: dict[str, Npc] = {}
+        self.world = World(self.limits)
         # deleted and replaced NPCs whose turns may not all have ended: they still end (and
         # send their terminal events) after the NPC left ``npcs``. Pruned as NPCs are added
         # and by ``idle``; a set rather than a task wrapping every worker, which cost each
@@ -199,6 +203,9 @@ class Service:
         names = [t.name for t in config.tools]
         if len(set(names)) != len(names):
             raise BridgeError("invalid_params", "tool names must be unique")
+        reserved = RESERVED_TOOL_NAMES.intersection(names)
+        if reserved:
+            raise BridgeError("invalid_params", f"tool name {min(reserved)!r} is the bridge's own", reason="reserved_tool_name")
         for t in config.tools:
             check_schema(t.parameters, f"parameters of tool {t.name!r}", tool=True)
 
@@ -212,7 +219,7 @@ class Service:
             if not hasattr(engine, "set_script"):
                 raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
             await trio.to_thread.run_sync(validate_script, config.script)
-        npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc)
+        npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc, self.world)
         if turns:
             npc.set_history([list(t) for t in turns])
         return npc
@@ -282,14 +289,62 @@ class Service:
     def respond(self, p: m.RespondParams) -> m.RespondResult:
         self._check_open()
         npc = self.npc(p.npc_id)
-        if isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool not in npc.tools:
+        has_recall = npc.view().recall_tool is not None
+        if isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool not in npc.tools and not (p.tool_choice.tool == RECALL and has_recall):
             raise BridgeError("invalid_params", f"toolChoice names unknown tool {p.tool_choice.tool!r}")
-        if p.tool_choice == "required" and not npc.tools:
+        if p.tool_choice == "required" and not npc.tools and not has_recall:
             raise BridgeError("invalid_params", "toolChoice required, but the npc has no tools")
         if p.schema is not None:
             check_schema(p.schema, "schema")
-        turn = npc.enqueue(p)
+        turn = npc.enqueue(p, "respond", self._speaker_name(p.speaker))
         return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
+
+    def _speaker_name(self, speaker: str | None) -> str | None:
+        """Who says a prompt: another NPC's id stands for its persona's name (its id without
+        one); any other string is a name as it is; None is the player."""
+        if speaker is None:
+            return None
+        other = self.npcs.get(speaker)
+        if other is not None:
+            return other.config.persona.name if other.config.persona is not None else other.npc_id
+        return speaker
+
+    async def decide(self, p: m.DecideParams) -> m.RespondResult:
+        """A decision turn: the NPC picks one of ``p.options`` (see ``_decision``). The
+        options' schemas are checked in a worker thread, like tool schemas at create."""
+        self._check_open()
+        self.npc(p.npc_id)
+        params = await trio.to_thread.run_sync(_decision, p)
+        self._check_open()
+        turn = self.npc(p.npc_id).enqueue(params, "decide", None, remember=p.remember)
+        return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
+
+    def prewarm(self, p: m.NpcRef) -> m.RespondResult:
+        self._check_open()
+        params = m.RespondParams(npc_id=p.npc_id, prompt="")
+        turn = self.npc(p.npc_id).enqueue(params, "prewarm", None, remember=False)
+        return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
+
+    def set_tags(self, p: m.SetTagsParams) -> m.EmptyResult:
+        self.npc(p.npc_id).set_tags(p.tags)
+        return m.EmptyResult()
+
+    # ---- the world ----
+
+    def world_set(self, p: m.WorldSetParams) -> m.WorldRevision:
+        return m.WorldRevision(revision=self.world.set(p))
+
+    def world_delete(self, p: m.WorldKey) -> m.WorldDeleteResult:
+        revision, deleted = self.world.delete(p.key)
+        return m.WorldDeleteResult(revision=revision, deleted=deleted)
+
+    def world_get(self, p: m.WorldGetParams) -> m.WorldGetResult:
+        if p.npc_id is None:
+            facts = self.world.facts()
+        else:
+            npc = self.npc(p.npc_id)
+            facts = self.world.facts(npc.npc_id, npc.tags)
+        return m.WorldGetResult(revision=self.world.revision, facts=facts)
 
     def submit(self, p: m.SubmitParams) -> m.SubmitResult:
         self.npc(p.npc_id).submit(p)
@@ -339,4 +394,45 @@ class Service:
         return m.EngineStatusResult(engines=self.registry.infos(), default_engine=self.registry.default)
 
 
-__all__ = ["Service", "TurnEvents"]
+def decision_prompt(p: m.DecideParams) -> str:
+    """What the model reads for a decision: the situation, then one line per option."""
+    lines = [p.situation.strip(), "", "Choose one option:"]
+    lines += [f"- {o.name}: {o.description}" if o.description else f"- {o.name}" for o in p.options]
+    return "\n".join(lines)
+
+
+REASONING_FIELD = {"type": "string", "description": "why, in one short sentence, before choosing"}
+
+
+def decision_schema(p: m.DecideParams) -> dict[str, Any]:
+    """The answer's schema: ``reasoning`` (when asked for) before ``choice``, so the model
+    reasons first; options with ``parameters`` add ``arguments``, one ``anyOf`` member each
+    (the options without share one member, an ``enum``)."""
+
+    def member(choice: dict[str, Any], arguments: dict[str, Any] | None) -> dict[str, Any]:
+        props: dict[str, Any] = {"reasoning": REASONING_FIELD} if p.reasoning else {}
+        props["choice"] = choice
+        if arguments is not None:
+            props["arguments"] = arguments
+        return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+    plain = [o.name for o in p.options if o.parameters is None]
+    with_args = [o for o in p.options if o.parameters is not None]
+    members = [member({"type": "string", "enum": plain, "description": "the option's name"}, None)] if plain else []
+    members += [member({"type": "string", "const": o.name, "description": "the option's name"}, o.parameters) for o in with_args]
+    return members[0] if len(members) == 1 else {"anyOf": members}
+
+
+def _decision(p: m.DecideParams) -> m.RespondParams:
+    names = [o.name for o in p.options]
+    if len(set(names)) != len(names):
+        raise BridgeError("invalid_params", "option names must be unique")
+    for o in p.options:
+        if o.parameters is not None:
+            check_schema(o.parameters, f"parameters of option {o.name!r}", tool=True)
+    return m.RespondParams(
+        npc_id=p.npc_id, prompt=decision_prompt(p), tool_choice="none", max_tool_rounds=0, max_tool_calls=0, schema=decision_schema(p)
+    )
+
+
+__all__ = ["Service", "TurnEvents", "decision_prompt", "decision_schema"]

@@ -50,7 +50,9 @@ class ToolCall(msgspec.Struct, frozen=True, rename="camel"):
 
 
 class Message(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
-    """One transcript entry. ``role`` is user, assistant or tool."""
+    """One transcript entry. ``role`` is user, assistant or tool. A user message with a
+    ``name`` was said by someone other than the player (another NPC: ``npc/respond``'s
+    ``speaker``); a tool message's ``name`` is the tool's."""
 
     role: Literal["user", "assistant", "tool"]
     content: str = ""
@@ -122,6 +124,14 @@ class StepDone(msgspec.Struct, frozen=True):
 Chunk = TextChunk | ToolCallsChunk | StepDone
 
 
+def user_text(message: Message) -> str:
+    """What the model reads for a user message: ``Name: line`` when someone other than the
+    player said it, else the line as it is. Every engine renders speakers this way."""
+    if message.role == "user" and message.name:
+        return f"{message.name}: {message.content}"
+    return message.content
+
+
 class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
     name: str
     available: bool
@@ -150,5 +160,11 @@ class Engine(Protocol):
     def forget(self, npc_id: str) -> None:
         """Drop any per-NPC cached state (reset, delete, restore)."""
         ...
+
+    # Optional (read with getattr): ``async def prewarm(self, request: StepRequest) -> Usage``
+    # prepares the NPC's next step ahead of time (``npc/prewarm``): the llama engine evaluates
+    # the request's prompt into the NPC's saved state, the native engine prewarms Apple's
+    # session. ``request`` is the step the NPC would run now for an empty player line:
+    # ``messages`` ends with the history, no new user message. Cancellable like a step.
 
     async def aclose(self) -> None: ...

@@ -7,6 +7,9 @@ A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> 
   the step's ``"text"`` if it has one;
 - ``{"json": {...}}``: a structured answer, streamed as JSON text;
 - ``{"error": "guardrail_violation", "message": "..."}``: the step fails with that code;
+- ``{"echo": "instructions"}`` / ``{"echo": "prompt"}``: says what the model was given, the
+  step's instructions (persona, instructions, world facts) or the last user message as the
+  model reads it (``Name: line`` for another speaker), so a game's CI can check its prompts;
 - any step may add ``"delayMs"`` (wait before it) and ``"chunkMs"`` (wait between chunks).
 
 When an NPC's script runs out the engine echoes the last user message, so a bridge started
@@ -33,7 +36,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 import trio
@@ -50,6 +53,7 @@ from .base import (
     ToolCallsChunk,
     ToolSpec,
     Usage,
+    user_text,
 )
 
 Step = Union[dict[str, Any], Callable[[StepRequest], dict[str, Any]]]
@@ -82,6 +86,7 @@ class _ScriptedStep(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     chunk_ms: _DelayMs = 0
     warnings: list[str] = []
     finish_reason: str = "stop"
+    echo: Literal["instructions", "prompt"] | msgspec.UnsetType = msgspec.UNSET
 
 
 def validate_script(steps: Any, what: str = "script") -> None:
@@ -327,6 +332,12 @@ class ScriptedEngine:
         if "json" in step:
             body = msgspec.json.encode(step["json"]).decode()
             pieces = [body[i : i + 16] for i in range(0, len(body), 16)]
+        elif "echo" in step:
+            if step["echo"] == "instructions":
+                said = request.instructions
+            else:
+                said = next((user_text(m) for m in reversed(request.messages) if m.role == "user"), "")
+            pieces = _WORDS.findall(said)
         else:
             pieces = _WORDS.findall(step.get("text", ""))
         for piece in pieces:
