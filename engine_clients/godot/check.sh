@@ -29,11 +29,12 @@ step "gdparse" "$GDPARSE" "${FILES[@]}"
 step "gdlint" "$GDLINT" "${FILES[@]}"
 step "gdformat --check" "$GDFORMAT" --check "${FILES[@]}"
 
-# The README's quick start must at least parse.
+# The README's GDScript (the quick start and the game-layer examples, as one script) must
+# at least parse.
 QUICK=$(mktemp "${TMPDIR:-/tmp}/oam_quickstart.XXXXXX")
 trap 'rm -f "$QUICK"' EXIT
 { echo "extends Node"; echo; awk '/^```gdscript$/{on=1; next} /^```$/{on=0} on' README.md; } >"$QUICK"
-step "README quick start parses" "$GDPARSE" "$QUICK"
+step "README GDScript parses" "$GDPARSE" "$QUICK"
 
 # Not parsed by gdtoolkit: only the header lines Godot 4 requires.
 header() { # header FILE EXPECTED_REGEX

@@ -11,6 +11,28 @@
 #                                   exit 1 on timeout, 2 if the bridge closed its stdout
 #   oam_stop                        shutdown + exit; waits; returns the bridge's exit code
 #
+# Helpers for the game layer (each prints what oam_request prints and returns its status):
+#   oam_respond NPC PROMPT [EXTRA]  npc/respond; EXTRA: more params as JSON, e.g.
+#                                   '{"speaker":"keeper"}' (NPC to NPC), '{"guardrail":"fallback"}'
+#   oam_decide NPC SITUATION OPTIONS [EXTRA]
+#                                   npc/decide; OPTIONS a JSON array of {name, description,
+#                                   parameters?}; EXTRA e.g. '{"reasoning":false,"remember":true}'
+#   oam_prewarm NPC                 npc/prewarm
+#   oam_set_tags NPC [TAG...]       npc/setTags (replaces the NPC's tags)
+#   oam_world_set KEY VALUE [SCOPE] world/set; VALUE is JSON ('"closed"' for a string); SCOPE
+#                                   JSON, e.g. '{"tags":["tavern"]}', '{"npcIds":["guard"]}',
+#                                   '{"lore":true}'
+#   oam_world_delete KEY            world/delete
+#   oam_world_get [NPC]             world/get (every fact, or those NPC can see)
+#   oam_wait_turn TURN_ID [TIMEOUT_S]
+#                                   wait for the turn's terminal event and print it: exit 0 on
+#                                   turn/completed, 1 on turn/failed, 2 when no event came for
+#                                   TIMEOUT_S or the bridge closed. The turn's other events are
+#                                   skipped (a turn whose tool calls the game answers needs
+#                                   oam_next_event); other turns' events stay queued, in order.
+# An argument documented as JSON that is not JSON: exit 1 and an invalid_params error object,
+# nothing sent.
+#
 # State (request id counter, queued events) lives in files under $OAM_DIR, so the functions
 # also work inside $(...) subshells. Events that arrive while oam_request waits are queued.
 # A relative bridge command resolves against the current directory. When the bridge is gone
@@ -117,6 +139,69 @@ oam_next_event() {
         fi
         echo "oam.sh: unexpected line: $_OAM_LINE" >&2
     done
+}
+
+# _oam_call METHOD JQ_ARGS... : builds the params with `jq -cn JQ_ARGS...`, then oam_request.
+# An argument that is not JSON is refused here, with an error object like the bridge's.
+_oam_call() {
+    local method=$1 params; shift
+    if ! params=$(jq -cn "$@" 2>/dev/null); then
+        echo "oam.sh: $method: an argument that should be JSON is not" >&2
+        OAM_ERROR=$(jq -cn --arg m "$method: an argument that should be JSON is not" \
+            '{code:-32602,message:$m,data:{code:"invalid_params"}}')
+        echo "$OAM_ERROR"; return 1
+    fi
+    oam_request "$method" "$params"
+}
+
+oam_respond() {
+    _oam_call npc/respond --arg n "$1" --arg p "$2" --argjson x "${3:-"{}"}" \
+        '{npcId:$n,prompt:$p} + $x'
+}
+
+oam_decide() {
+    _oam_call npc/decide --arg n "$1" --arg s "$2" --argjson o "$3" --argjson x "${4:-"{}"}" \
+        '{npcId:$n,situation:$s,options:$o} + $x'
+}
+
+oam_prewarm() {
+    _oam_call npc/prewarm --arg n "$1" '{npcId:$n}'
+}
+
+oam_set_tags() {
+    local npc=$1; shift
+    _oam_call npc/setTags --arg n "$npc" '{npcId:$n,tags:$ARGS.positional}' --args "$@"
+}
+
+oam_world_set() {
+    _oam_call world/set --arg k "$1" --argjson v "$2" --argjson x "${3:-"{}"}" '{key:$k,value:$v} + $x'
+}
+
+oam_world_delete() {
+    _oam_call world/delete --arg k "$1" '{key:$k}'
+}
+
+oam_world_get() {
+    if [ $# -gt 0 ]; then _oam_call world/get --arg n "$1" '{npcId:$n}'
+    else oam_request world/get '{}'; fi
+}
+
+oam_wait_turn() {
+    local tid=$1 t=${2:-$OAM_TIMEOUT} ev rc=2 others=() kind
+    while ev=$(oam_next_event "$t"); do
+        kind=$(jq -r --arg t "$tid" 'if .params.turnId != $t then "other" else .method end' <<<"$ev")
+        case $kind in
+            other) others+=("$ev") ;;
+            turn/completed) rc=0; break ;;
+            turn/failed) rc=1; break ;;
+        esac
+    done
+    if [ ${#others[@]} -gt 0 ]; then  # put other turns' events back, in order, at the front
+        { printf '%s\n' "${others[@]}"; cat "$OAM_DIR/events"; } >"$OAM_DIR/events.new"
+        mv "$OAM_DIR/events.new" "$OAM_DIR/events"
+    fi
+    [ $rc -eq 2 ] && { echo "oam.sh: turn $tid: no terminal event within ${t}s" >&2; return 2; }
+    printf '%s\n' "$ev"; return $rc
 }
 
 oam_stop() {

@@ -24,11 +24,14 @@ check initialize "$r" '.protocolVersion == 1 and (.serverInfo.name|type=="string
 r=$(oam_request npc/create "$(step_params create_keeper)") || bad "create: $r"
 check create "$r" '.npcId == "keeper" and .engine == "scripted"'
 
-# run_turn PARAMS [cancel]  -> collects events of the turn into TURN_EVENTS (JSON array)
+# run_turn [--cancel] CMD [ARGS...]: CMD starts a turn (oam_respond, oam_decide, oam_prewarm,
+# oam_request npc/respond ...) and prints {npcId, turnId}; collects the turn's events into
+# TURN_EVENTS (JSON array), answers its tool calls, cancels after the first delta if asked.
 run_turn() {
-    local params=$1 mode=${2:-} tid ev m seq=0 cancelled=0
-    tid=$(oam_request npc/respond "$params" | jq -r .turnId)
-    [ -n "$tid" ] && [ "$tid" != null ] || { bad "respond returned no turnId"; return 1; }
+    local mode= tid ev m seq=0 cancelled=0
+    [ "$1" = --cancel ] && { mode=cancel; shift; }
+    tid=$("$@" | jq -r .turnId)
+    [ -n "$tid" ] && [ "$tid" != null ] || { bad "$1 returned no turnId"; return 1; }
     TURN_EVENTS='[]'
     while ev=$(oam_next_event 20); do
         m=$(jq -r .method <<<"$ev")
@@ -39,7 +42,7 @@ run_turn() {
         case $m in
             turn/toolCallRequested)
                 local cid; cid=$(jq -r .params.callId <<<"$ev")
-                local s; s=$(oam_request npc/submit "$(jq -cn --arg c "$cid" '{npcId:"keeper",callId:$c,output:{count:3}}')")
+                local s; s=$(oam_request npc/submit "$(jq -c '{npcId:.params.npcId,callId:.params.callId,output:{count:3}}' <<<"$ev")")
                 check "submit accepted" "$s" '.accepted == true' ;;
             turn/textDelta)
                 if [ "$mode" = cancel ] && [ $cancelled = 0 ]; then
@@ -53,9 +56,11 @@ run_turn() {
     bad "turn $tid: no terminal event"; return 1
 }
 
-run_turn "$(step_params respond_with_tool)"
+run_turn oam_request npc/respond "$(step_params respond_with_tool)"
 E=$TURN_EVENTS
 check "tool turn: started first" "$E" '.[0].method == "turn/started"'
+check "tool turn: started by the player (speaker null), kind respond" "$E" \
+    '.[0].params.speaker == null and .[0].params.kind == "respond"'
 check "tool turn: toolCallRequested check_inventory(ale)" "$E" \
     'any(.[]; .method=="turn/toolCallRequested" and .params.name=="check_inventory" and .params.arguments=={"item":"ale"})'
 check "tool turn: toolCallCompleted output" "$E" \
@@ -65,11 +70,11 @@ check "tool turn: deltas concatenate to text" "$E" \
 check "tool turn: completed" "$E" \
     '.[-1].method=="turn/completed" and .[-1].params.text=="We have 3 barrels of ale." and .[-1].params.toolCalls[0].name=="check_inventory" and .[-1].params.toolCalls[0].output=={"count":3}'
 
-run_turn "$(step_params schema_turn)"
+run_turn oam_request npc/respond "$(step_params schema_turn)"
 check "schema turn: completed json" "$TURN_EVENTS" \
     '.[-1].method=="turn/completed" and .[-1].params.json=={"mood":"happy","line":"Welcome!"}'
 
-run_turn "$(step_params cancel_turn)" cancel
+run_turn --cancel oam_request npc/respond "$(step_params cancel_turn)"
 check "cancel turn: failed cancelled" "$TURN_EVENTS" \
     '.[-1].method=="turn/failed" and .[-1].params.error.code=="cancelled" and all(.[]; .method!="turn/completed")'
 
@@ -77,6 +82,77 @@ save=$(oam_request npc/transcript '{"npcId":"keeper"}') || bad "transcript: $sav
 check "transcript is an object" "$save" 'type=="object"'
 r=$(oam_request npc/restore "$(jq -cn --argjson s "$save" '{save:$s,npcId:"keeper2"}')") || bad "restore: $r"
 check "restore" "$r" '.npcId=="keeper2" and .turns >= 2'
+
+# The game layer: world facts, a decision, guardrail fallback, NPC to NPC, prewarm, tags.
+world_set_step() { # world_set_step NAME: oam_world_set KEY VALUE SCOPE from the step's params
+    local p; p=$(step_params "$1")
+    oam_world_set "$(jq -r .key <<<"$p")" "$(jq -c .value <<<"$p")" "$(jq -c 'del(.key, .value)' <<<"$p")"
+}
+r=$(world_set_step world_set) || bad "world_set: $r"
+check "world_set: revision 1" "$r" '.revision == 1'
+
+r=$(oam_request npc/create "$(step_params create_guard)") || bad "create guard: $r"
+check "create guard (tags, fallbacks)" "$r" '.npcId == "guard"'
+
+r=$(world_set_step world_set_scoped) || bad "world_set scoped: $r"
+check "world_set scoped to gate: revision 2" "$r" '.revision == 2'
+
+r=$(oam_world_get guard) || bad "world_get guard: $r"
+check "world_get guard: revision 2, only the fact gate (weather is for the tavern)" "$r" \
+    '.revision == 2 and (.facts | length == 1) and .facts[0].key == "gate" and .facts[0].value == "closed" and .facts[0].tags == ["gate"] and .facts[0].npcIds == null and .facts[0].lore == false'
+
+p=$(step_params decide)
+run_turn oam_decide guard "$(jq -r .situation <<<"$p")" "$(jq -c .options <<<"$p")"
+E=$TURN_EVENTS
+check "decide: started kind decide" "$E" '.[0].method == "turn/started" and .[0].params.kind == "decide"'
+check "decide: completed choice question with reasoning, worldRevision 2" "$E" \
+    '.[-1].method == "turn/completed" and .[-1].params.json.choice == "question" and .[-1].params.json.reasoning == "It is late and I do not know them." and .[-1].params.worldRevision == 2'
+check "decide: partialJson deltas (if any) build the JSON" "$E" \
+    '[.[] | select(.method=="turn/partialJson") | .params.delta] | length == 0 or (join("") | fromjson) == {"reasoning":"It is late and I do not know them.","choice":"question"}'
+
+p=$(step_params guardrail_fallback)
+run_turn oam_respond guard "$(jq -r .prompt <<<"$p")" "$(jq -c '{guardrail}' <<<"$p")"
+E=$TURN_EVENTS
+check "guardrail fallback: started kind respond" "$E" '.[0].method == "turn/started" and .[0].params.kind == "respond"'
+check "guardrail fallback: completed with the fallback line" "$E" \
+    '.[-1].method == "turn/completed" and .[-1].params.text == "Let'"'"'s talk about something else." and .[-1].params.finishReason == "fallback" and (.[-1].params.warnings[0] | startswith("guardrail_violation"))'
+check "guardrail fallback: deltas (if any) show the line" "$E" \
+    '[.[] | select(.method=="turn/textDelta")] as $d | ($d | length == 0) or ($d | reduce .[].params as $e (""; if $e.isReset then $e.delta else . + $e.delta end)) == .[-1].params.text'
+
+p=$(step_params npc_to_npc)
+run_turn oam_respond guard "$(jq -r .prompt <<<"$p")" "$(jq -c '{speaker}' <<<"$p")"
+E=$TURN_EVENTS
+check "npc to npc: started speaker keeper" "$E" \
+    '.[0].method == "turn/started" and .[0].params.speaker == "keeper" and .[0].params.prompt == "Heard about the weather?"'
+check "npc to npc: completed, deltas concatenate to the text" "$E" \
+    '.[-1].method == "turn/completed" and .[-1].params.text == "The storm is coming, friend." and ([.[] | select(.method=="turn/textDelta") | .params.delta] | join("")) == .[-1].params.text'
+
+run_turn oam_prewarm guard
+check "prewarm: started kind prewarm, then completed prewarmed, steps 0, text empty" "$TURN_EVENTS" \
+    'length == 2 and .[0].method == "turn/started" and .[0].params.kind == "prewarm" and .[1].method == "turn/completed" and .[1].params.finishReason == "prewarmed" and .[1].params.steps == 0 and .[1].params.text == ""'
+
+mapfile -t tags < <(step_params set_tags | jq -r '.tags[]')
+r=$(oam_set_tags guard "${tags[@]}") || bad "set_tags: $r"
+check "set_tags: result {}" "$r" '. == {}'
+
+r=$(oam_world_get guard) || bad "world_get after tags: $r"
+check "world_get guard after set_tags: gate, weather" "$r" '[.facts[].key] == ["gate","weather"]'
+
+r=$(oam_world_delete weather) || bad "world_delete: $r"
+check "world_delete: revision 3, deleted" "$r" '.revision == 3 and .deleted == true'
+
+# oam_wait_turn: waits for one turn's end; the events of other turns stay queued, in order.
+t1=$(oam_prewarm keeper2) && t2=$(oam_prewarm guard) || bad "wait_turn setup: $t1 $t2"
+t2=$(jq -r .turnId <<<"$t2"); t1=$(jq -r .turnId <<<"$t1")
+r=$(oam_wait_turn "$t2" 20); rc=$?
+check "oam_wait_turn: prints the turn's completed event (exit $rc)" "$r" \
+    ".method == \"turn/completed\" and .params.turnId == \"$t2\" and $rc == 0"
+r=$(oam_wait_turn "$t1" 20); rc=$?
+check "oam_wait_turn: the other turn's events were kept (exit $rc)" "$r" \
+    ".method == \"turn/completed\" and .params.turnId == \"$t1\" and $rc == 0"
+r=$(oam_world_set bad 'not json' 2>/dev/null); rc=$?
+check "a helper's argument that is not JSON: exit 1, invalid_params, nothing sent" "$r" \
+    ".data.code == \"invalid_params\" and $rc == 1"
 
 if r=$(oam_request npc/respond '{"npcId":"nobody","prompt":"hi"}'); then
     bad "unknown npc accepted: $r"

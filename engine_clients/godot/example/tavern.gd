@@ -1,6 +1,8 @@
 extends Control
 ## Tavern example: Greta the keeper answers from a check_inventory tool; her words stream
 ## into a RichTextLabel as they arrive. Type into the LineEdit and press Enter.
+## She carries the tag "tavern", so she knows the world fact scoped to it (the weather); she
+## is prewarmed while the scene opens, and a line her guardrails block gets a fallback line.
 
 const NPC_ID := "keeper"
 
@@ -48,6 +50,10 @@ func _ready() -> void:
 	if not created.is_ok():
 		_say("[color=red]npc/create: %s[/color]" % created.error["message"])
 		return
+	# A world fact for the NPCs tagged "tavern"; it is in Greta's prompt from her next step.
+	var tavern_only := PackedStringArray(["tavern"])
+	await bridge.world_set("weather", "rain drums on the roof", tavern_only).wait()
+	bridge.prewarm(NPC_ID)  # a turn of its own (kind "prewarm"): her first words come sooner
 	_say("[i]Greta (engine %s) looks up from the bar.[/i]" % created.result["engine"])
 	input.editable = true
 	input.grab_focus()
@@ -70,6 +76,8 @@ func _keeper_config() -> Dictionary:
 		},
 		"tools": [inventory_tool],
 		"engine": npc_engine,
+		"tags": ["tavern"],
+		"fallbacks": OamProtocol.fallbacks(PackedStringArray(["Hmph. Drink your ale."])),
 	}
 	if npc_engine == "scripted":  # the scripted engine plays these steps, then echoes
 		config["script"] = [
@@ -92,13 +100,17 @@ func _on_input_submitted(line: String) -> void:
 		return
 	input.clear()
 	_say("[b]You:[/b] %s" % line)
-	var reply := await bridge.respond(NPC_ID, line).wait()
+	var options := {"guardrail": OamProtocol.GUARDRAIL_FALLBACK}
+	var reply := await bridge.respond(NPC_ID, line, options).wait()
 	if not reply.is_ok():
 		_say("[color=red]%s: %s[/color]" % [reply.error["code"], reply.error["message"]])
 
 
-func _on_turn_started(_npc_id: String, _turn_id: String, _prompt: String) -> void:
-	log_label.append_text("[b]Greta:[/b] ")
+func _on_turn_started(
+	_npc_id: String, _turn_id: String, _prompt: String, _speaker: String, kind: String
+) -> void:
+	if kind == OamProtocol.KIND_RESPOND:  # not the prewarm
+		log_label.append_text("[b]Greta:[/b] ")
 
 
 func _on_text_delta(
@@ -115,8 +127,9 @@ func _on_tool_call_requested(
 	log_label.append_text("[i](checks the %s: %s)[/i] " % [tool_name, JSON.stringify(arguments)])
 
 
-func _on_turn_completed(_npc_id: String, _turn_id: String, _result: Dictionary) -> void:
-	log_label.append_text("\n")
+func _on_turn_completed(_npc_id: String, _turn_id: String, result: Dictionary) -> void:
+	if result.get("finishReason") != "prewarmed":
+		log_label.append_text("\n")
 
 
 func _on_turn_failed(_npc_id: String, _turn_id: String, error: Dictionary) -> void:

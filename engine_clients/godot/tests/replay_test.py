@@ -7,9 +7,9 @@ shapes built by addons/oam_bridge/oam_protocol.gd are accepted by the bridge and
 scenario's expected results. The functions in the "port" section below are line-for-line
 ports of oam_protocol.gd (same names; the GDScript is quoted next to each), and the
 `Client` class follows oam_bridge.gd's flow (reader thread -> main-thread queue, request
-ids, tool dispatch with auto-submit, seq check, bridge_closed). Godot's JSON is mimicked:
-JSON.parse turns every number into a float, JSON.stringify(v, "", false) is compact with
-keys in insertion order and non-ASCII text as UTF-8.
+ids, tool dispatch with auto-submit, seq check, turn kinds -> decision_made, bridge_closed).
+Godot's JSON is mimicked: JSON.parse turns every number into a float, JSON.stringify(v, "",
+false) is compact with keys in insertion order and non-ASCII text as UTF-8.
 
 Usage: python3 engine_clients/godot/tests/replay_test.py
 Bridge command: $OAM_BRIDGE_CMD, default "<repo>/.venv/bin/python -m bridge --engine scripted"
@@ -63,6 +63,9 @@ EVENT_SIGNALS = {
     "turn/failed": "turn_failed",
 }
 TERMINAL_EVENTS = ("turn/completed", "turn/failed")
+KIND_RESPOND, KIND_DECIDE, KIND_PREWARM = "respond", "decide", "prewarm"
+GUARDRAIL_FAIL, GUARDRAIL_FALLBACK, GUARDRAIL_RETRY = "fail", "fallback", "retry"
+TOOL_CHOICE_TOOL_OR_ANSWER = "tool_or_answer"
 
 
 def godot_json_parse(text: str) -> Any:
@@ -153,6 +156,53 @@ def tool_spec(name: str, description: str, parameters: dict) -> dict:
     return {"name": name, "description": description, "parameters": parameters}
 
 
+def fallbacks(guardrail_violation: list[str], refusal: list[str] | None = None) -> dict:
+    out: dict = {}
+    if guardrail_violation:  # if not guardrail_violation.is_empty()
+        out["guardrailViolation"] = list(guardrail_violation)
+    if refusal:
+        out["refusal"] = list(refusal)
+    return out
+
+
+def decision_option(name: str, description: str, parameters: dict | None = None) -> dict:
+    option: dict = {"name": name, "description": description}
+    if parameters:  # if not parameters.is_empty()
+        option["parameters"] = parameters
+    return option
+
+
+def decide_params(npc_id: str, situation: str, options: list, reasoning: bool,
+                  remember: bool) -> dict:
+    return {"npcId": npc_id, "situation": situation,
+            "options": json.loads(json.dumps(options)),  # options.duplicate(true)
+            "reasoning": reasoning, "remember": remember}
+
+
+def set_tags_params(npc_id: str, tags: list[str]) -> dict:
+    return {"npcId": npc_id, "tags": list(tags)}
+
+
+def world_set_params(key: str, value: Any, tags: list[str], npc_ids: list[str],
+                     lore: bool) -> dict:
+    params: dict = {"key": key, "value": value}
+    if npc_ids:
+        params["npcIds"] = list(npc_ids)
+    if tags:
+        params["tags"] = list(tags)
+    if lore:
+        params["lore"] = True
+    return params
+
+
+def world_key_params(key: str) -> dict:
+    return {"key": key}
+
+
+def world_get_params(npc_id: str) -> dict:
+    return {} if not npc_id else {"npcId": npc_id}
+
+
 def parse_line(line: str) -> dict:
     text = line.strip()  # strip_edges()
     if not text:
@@ -228,7 +278,8 @@ def event_signal(method: str, params: dict) -> list:
     call_id, name = str(p.get("callId", "")), str(p.get("name", ""))
     args: list = [npc_id, turn_id]
     if method == "turn/started":
-        args.append(str(p.get("prompt", "")))
+        args += [str(p.get("prompt", "")), text_or_empty(p.get("speaker")),
+                 str(p.get("kind", KIND_RESPOND))]
     elif method == "turn/textDelta":
         args += [str(p.get("delta", "")), text_or_empty(p.get("text")),
                  bool(p.get("isReset", False))]
@@ -245,6 +296,13 @@ def event_signal(method: str, params: dict) -> list:
     elif method == "turn/failed":
         args.append(error_from_event(dict_or_empty(p.get("error"))))
     return [EVENT_SIGNALS.get(method, ""), args]
+
+
+def decision_args(params: dict) -> list:
+    answer = dict_or_empty(params.get("json"))
+    return [str(params.get("npcId", "")), str(params.get("turnId", "")),
+            text_or_empty(answer.get("choice")), dict_or_empty(answer.get("arguments")),
+            text_or_empty(answer.get("reasoning"))]
 
 
 def tool_error(message: str) -> dict:
@@ -291,6 +349,7 @@ class Client:
         self.pending: dict[int, Call] = {}
         self.tools: dict[str, Callable[[dict], Any]] = {}
         self.next_seq: dict[str, int] = {}
+        self.turn_kinds: dict[str, str] = {}
         self.signals: list[tuple[str, list]] = []
         self.seq_errors: list[str] = []
         self.sent: list[str] = []
@@ -370,6 +429,27 @@ class Client:
     def shutdown(self) -> Call:
         return self.request("shutdown")
 
+    def decide(self, npc_id: str, situation: str, options: list, reasoning: bool = True,
+               remember: bool = False) -> Call:
+        return self.request("npc/decide",
+                            decide_params(npc_id, situation, options, reasoning, remember))
+
+    def prewarm(self, npc_id: str) -> Call:
+        return self.request("npc/prewarm", npc_params(npc_id))
+
+    def set_tags(self, npc_id: str, tags: list[str]) -> Call:
+        return self.request("npc/setTags", set_tags_params(npc_id, tags))
+
+    def world_set(self, key: str, value: Any, tags: list[str] = (), npc_ids: list[str] = (),
+                  lore: bool = False) -> Call:
+        return self.request("world/set", world_set_params(key, value, tags, npc_ids, lore))
+
+    def world_delete(self, key: str) -> Call:
+        return self.request("world/delete", world_key_params(key))
+
+    def world_get(self, npc_id: str = "") -> Call:
+        return self.request("world/get", world_get_params(npc_id))
+
     def register_tool(self, name: str, handler: Callable[[dict], Any]) -> None:
         self.tools[name] = handler
 
@@ -418,12 +498,24 @@ class Client:
         self.next_seq[turn_id] = seq + 1
         if method in TERMINAL_EVENTS:
             self.next_seq.pop(turn_id, None)
+        kind = self._turn_kind(method, params)
         name, args = event_signal(method, params)
         if not name:
             raise AssertionError(f"unknown event {method}")
         self.signals.append((name, args))
         if method == "turn/toolCallRequested":
             self._run_tool(params)
+        elif method == "turn/completed" and kind == KIND_DECIDE:
+            self.signals.append(("decision_made", decision_args(params)))
+
+    def _turn_kind(self, method: str, params: dict) -> str:
+        turn_id = str(params.get("turnId", ""))
+        if method == "turn/started":
+            self.turn_kinds[turn_id] = str(params.get("kind", KIND_RESPOND))
+        kind = self.turn_kinds.get(turn_id, "")
+        if method in TERMINAL_EVENTS:
+            self.turn_kinds.pop(turn_id, None)
+        return kind
 
     def _run_tool(self, params: dict) -> None:
         handler = self.tools.get(str(params.get("name", "")))
@@ -444,6 +536,8 @@ class Client:
         for call in list(self.pending.values()):
             call.finish(None, client_error(BRIDGE_CLOSED, "bridge exited"))
         self.pending.clear()
+        self.next_seq.clear()
+        self.turn_kinds.clear()
 
 
 # --- the scenario -----------------------------------------------------------------------
@@ -467,8 +561,16 @@ def step(name: str) -> dict:
 def run_turn(client: Client, npc_id: str, prompt: str, options: dict,
              on_signal: Callable[[str, list], None] | None = None) -> tuple[Call, list]:
     """respond(), then pump until the turn's terminal signal. Returns (call, signals)."""
+    return follow_turn(client, client.respond(npc_id, prompt, options), npc_id, repr(prompt),
+                       on_signal)
+
+
+def follow_turn(client: Client, sent: Call, npc_id: str, label: str,
+                on_signal: Callable[[str, list], None] | None = None) -> tuple[Call, list]:
+    """Waits for a call that starts a turn (respond, decide, prewarm), then pumps until the
+    turn's terminal signal (and what the client emits with it). Returns (call, signals)."""
     start = len(client.signals)
-    call = client.wait(client.respond(npc_id, prompt, options))
+    call = client.wait(sent)
     if not call.is_ok():
         return call, []
     turn_id = call.result["turnId"]
@@ -487,9 +589,210 @@ def run_turn(client: Client, npc_id: str, prompt: str, options: dict,
 
     client.pump(terminal)
     sigs = [s for s in client.signals[start:] if s[0] != "(submit done)"]
-    check(f"turn {prompt!r}: every signal carries npc {npc_id} and its turnId",
+    check(f"turn {label}: every signal carries npc {npc_id} and its turnId",
           all(a[0] == npc_id and a[1] == turn_id for _, a in sigs), sigs)
     return call, sigs
+
+
+def completed(sigs: list) -> dict:
+    """The turn_completed result of a turn's signals; {} if it did not complete."""
+    done = [a[2] for n, a in sigs if n == "turn_completed"]
+    return done[0] if done else {}
+
+
+def shown_text(sigs: list) -> str:
+    """The text a game shows from text_delta: is_reset replaces what was shown."""
+    text = ""
+    for name, args in sigs:
+        if name == "text_delta":
+            text = args[2] if args[4] else text + args[2]
+    return text
+
+
+def game_layer(client: Client) -> None:
+    """The scenario's steps world_set ... world_delete, with the addon's game-layer helpers."""
+    p = step("world_set")["request"]["params"]
+    r = client.wait(client.world_set(p["key"], p["value"], p.get("tags", []),
+                                     p.get("npcIds", []), p.get("lore", False)))
+    check("world_set: the line's params are the scenario's",
+          json.loads(client.sent[-1])["params"] == p, client.sent[-1])
+    check("world_set: revision 1", r.is_ok() and r.result["revision"] == 1, r.error or r.result)
+
+    config = dict(step("create_guard")["request"]["params"])
+    npc_id = config.pop("npcId")
+    check("fallbacks() builds the scenario's fallbacks",
+          fallbacks(["Let's talk about something else."]) == config["fallbacks"],
+          config["fallbacks"])
+    r = client.wait(client.create_npc(npc_id, config))
+    check("create_npc with tags and fallbacks", r.is_ok() and r.result["npcId"] == "guard",
+          r.error or r.result)
+
+    p = step("world_set_scoped")["request"]["params"]
+    r = client.wait(client.world_set(p["key"], p["value"], p["tags"]))
+    check("world_set scoped to tag gate: revision 2", r.is_ok() and r.result["revision"] == 2,
+          r.error or r.result)
+
+    r = client.wait(client.world_get(step("world_get_for_npc")["request"]["params"]["npcId"]))
+    check("world_get line for one NPC", json.loads(client.sent[-1])["params"] == {"npcId": "guard"},
+          client.sent[-1])
+    facts = r.result["facts"] if r.is_ok() else []
+    check("world_get(guard): revision 2, exactly the fact gate (weather is for the tavern)",
+          r.is_ok() and r.result["revision"] == 2 and len(facts) == 1
+          and facts[0]["key"] == "gate" and facts[0]["value"] == "closed"
+          and facts[0]["tags"] == ["gate"] and facts[0]["npcIds"] is None
+          and facts[0]["lore"] is False, r.error or r.result)
+
+    p = step("decide")["request"]["params"]
+    options = [decision_option(o["name"], o["description"]) for o in p["options"]]
+    check("decision_option() builds the scenario's options", options == p["options"], options)
+    call, sigs = follow_turn(client, client.decide(p["npcId"], p["situation"], options),
+                             "guard", "decide")
+    sent = json.loads(client.sent[-1])["params"]
+    check("decide line: the scenario's params, reasoning true and remember false (defaults)",
+          sent == {**p, "reasoning": True, "remember": False}, sent)
+    check("decide: result has a turnId", call.is_ok() and isinstance(call.result["turnId"], str),
+          call.error or call.result)
+    names = [n for n, _ in sigs]
+    check("decide: turn_started kind decide",
+          names[:1] == ["turn_started"] and sigs[0][1][4] == KIND_DECIDE, sigs[:1])
+    res = completed(sigs)
+    want = {"reasoning": "It is late and I do not know them.", "choice": "question"}
+    check("decide: turn_completed json {reasoning, choice question}, worldRevision 2",
+          res.get("json") == want and res.get("worldRevision") == 2, res)
+    partial = "".join(a[2] for n, a in sigs if n == "partial_json")
+    check("decide: partial_json deltas (if any) build the JSON text",
+          not partial or godot_json_parse(partial) == want, partial)
+    made = [a for n, a in sigs if n == "decision_made"]
+    check("decide: decision_made(question, {}, reasoning) right after turn_completed",
+          names[-2:] == ["turn_completed", "decision_made"]
+          and made[0][2:] == ["question", {}, want["reasoning"]], sigs[-2:])
+
+    p = dict(step("guardrail_fallback")["request"]["params"])
+    check("GUARDRAIL_FALLBACK is the scenario's policy", p["guardrail"] == GUARDRAIL_FALLBACK)
+    call, sigs = run_turn(client, p.pop("npcId"), p.pop("prompt"), p)
+    res = completed(sigs)
+    check("guardrail fallback: turn_started kind respond",
+          sigs[:1] and sigs[0][0] == "turn_started" and sigs[0][1][4] == KIND_RESPOND, sigs[:1])
+    check("guardrail fallback: turn_completed with the fallback line, finishReason fallback, "
+          "warnings[0] guardrail_violation…",
+          res.get("text") == "Let's talk about something else."
+          and res.get("finishReason") == "fallback" and bool(res.get("warnings"))
+          and str(res["warnings"][0]).startswith("guardrail_violation"), sigs[-1:])
+    check("guardrail fallback: text_delta (if any) shows the line",
+          "text_delta" not in [n for n, _ in sigs] or shown_text(sigs) == res.get("text"), sigs)
+    check("guardrail fallback: no decision_made",
+          "decision_made" not in [n for n, _ in sigs], sigs)
+
+    p = dict(step("npc_to_npc")["request"]["params"])
+    call, sigs = run_turn(client, p.pop("npcId"), p.pop("prompt"), p)
+    check("npc to npc: the respond line carries speaker keeper",
+          json.loads(client.sent[-1])["params"].get("speaker") == "keeper", client.sent[-1])
+    check("npc to npc: turn_started(prompt, speaker keeper, kind respond)",
+          sigs[:1] and sigs[0][1][2:] == ["Heard about the weather?", "keeper", KIND_RESPOND],
+          sigs[:1])
+    res = completed(sigs)
+    check("npc to npc: turn_completed text, shown by the deltas",
+          res.get("text") == "The storm is coming, friend."
+          and shown_text(sigs) == res.get("text"), sigs)
+
+    call, sigs = follow_turn(client, client.prewarm(step("prewarm")["request"]["params"]["npcId"]),
+                             "guard", "prewarm")
+    check("prewarm: result has a turnId", call.is_ok() and isinstance(call.result["turnId"], str),
+          call.error or call.result)
+    check("prewarm: turn_started(\"\", \"\", kind prewarm) then turn_completed only",
+          [n for n, _ in sigs] == ["turn_started", "turn_completed"]
+          and sigs[0][1][2:] == ["", "", KIND_PREWARM], sigs)
+    res = completed(sigs)
+    check("prewarm: finishReason prewarmed, steps 0, text \"\"",
+          res.get("finishReason") == "prewarmed" and res.get("steps") == 0
+          and res.get("text") == "", res)
+
+    p = step("set_tags")["request"]["params"]
+    r = client.wait(client.set_tags(p["npcId"], p["tags"]))
+    check("set_tags: the line's params are the scenario's",
+          json.loads(client.sent[-1])["params"] == p, client.sent[-1])
+    check("set_tags: result {}", r.is_ok() and r.result == {}, r.error or r.result)
+
+    r = client.wait(client.world_get("guard"))
+    keys = [f["key"] for f in r.result["facts"]] if r.is_ok() else r.error
+    check("world_get(guard) after set_tags: gate, weather", keys == ["gate", "weather"], keys)
+
+    r = client.wait(client.world_delete(step("world_delete")["request"]["params"]["key"]))
+    check("world_delete: revision 3, deleted", r.is_ok() and r.result["revision"] == 3
+          and r.result["deleted"] is True, r.error or r.result)
+
+
+LORE = "Built by the old king in the year of the long frost."
+
+
+def game_layer_extras(client: Client) -> None:
+    """The game-layer line shapes the scenario does not send: npc_ids, lore, world_get of
+    everything, a decision with parameters and without reasoning, tool_or_answer."""
+    r = client.wait(client.world_set("history of the keep", LORE,
+                                     [], [], True))
+    check("world_set lore line", json.loads(client.sent[-1])["params"] == {
+        "key": "history of the keep", "value": LORE, "lore": True},
+          client.sent[-1])
+    check("world_set lore: revision 4", r.is_ok() and r.result["revision"] == 4,
+          r.error or r.result)
+    r = client.wait(client.world_set("password", "swordfish", [], ["captain"]))
+    check("world_set for npc ids: revision 5", r.is_ok() and r.result["revision"] == 5,
+          r.error or r.result)
+    r = client.wait(client.world_get())
+    check("world_get line without npcId", json.loads(client.sent[-1])["params"] == {},
+          client.sent[-1])
+    facts = {f["key"]: f for f in r.result["facts"]} if r.is_ok() else {}
+    check("world_get(): every fact, sorted by key, scopes and lore as set",
+          list(facts) == ["gate", "history of the keep", "password"]
+          and facts["password"]["npcIds"] == ["captain"] and facts["password"]["tags"] is None
+          and facts["history of the keep"]["lore"] is True, r.error or r.result)
+    r = client.wait(client.world_delete("no such fact"))
+    check("world_delete of a missing key: deleted false, revision stays 5",
+          r.is_ok() and r.result == {"revision": 5, "deleted": False}, r.error or r.result)
+
+    urgency = {"type": "object", "properties": {"urgency": {"type": "string",
+                                                            "enum": ["low", "high"]}},
+               "required": ["urgency"]}
+    r = client.wait(client.create_npc("captain", {
+        "engine": "scripted", "tags": ["keep"],
+        "script": [{"json": {"choice": "call_help", "arguments": {"urgency": "high"}}},
+                   {"toolCalls": [{"name": "recall",
+                                   "arguments": {"topic": "history of the keep"}}]},
+                   {"text": "The old king built it."},
+                   {"toolCalls": [{"name": "respond_directly", "arguments": {}}]},
+                   {"text": "Stand easy."}]}))
+    check("create captain", r.is_ok(), r.error)
+    options = [decision_option("let_in", "open the gate"),
+               decision_option("call_help", "ring the bell", urgency)]
+    call, sigs = follow_turn(client, client.decide("captain", "Riders at night.", options,
+                                                   False, True), "captain", "decide with arguments")
+    sent = json.loads(client.sent[-1])["params"]
+    check("decide line: option parameters, reasoning false, remember true",
+          sent["options"][1]["parameters"] == urgency and "parameters" not in sent["options"][0]
+          and sent["reasoning"] is False and sent["remember"] is True, sent)
+    made = [a for n, a in sigs if n == "decision_made"]
+    check("decision_made(call_help, {urgency: high}, \"\")",
+          len(made) == 1 and made[0][2:] == ["call_help", {"urgency": "high"}, ""], sigs)
+    check("decide with remember: in the history (npc/list turns 1)",
+          next((n["turns"] for n in client.wait(client.list_npcs()).result["npcs"]
+                if n["npcId"] == "captain"), None) == 1)
+
+    call, sigs = run_turn(client, "captain", "Who built the keep?", {})
+    done = [a for n, a in sigs if n == "tool_call_completed"]
+    check("recall: the bridge answers it, tool_call_completed without tool_call_requested",
+          "tool_call_requested" not in [n for n, _ in sigs] and len(done) == 1
+          and done[0][3] == "recall" and done[0][4] == LORE, sigs)
+    check("recall: turn completes", completed(sigs).get("text") == "The old king built it.",
+          sigs[-1:])
+
+    call, sigs = run_turn(client, "captain", "At ease?",
+                          {"toolChoice": TOOL_CHOICE_TOOL_OR_ANSWER})
+    res = completed(sigs)
+    check("tool_or_answer: respond_directly has no event, is not in toolCalls; text follows",
+          res.get("text") == "Stand easy." and res.get("toolCalls") == []
+          and not any(n.startswith("tool_call") for n, _ in sigs), sigs)
+    r = client.wait(client.delete_npc("captain"))
+    check("delete captain", r.is_ok(), r.error)
 
 
 def main() -> int:
@@ -531,6 +834,8 @@ def main() -> int:
     check("tool turn: respond result has a turnId",
           call.is_ok() and isinstance(call.result["turnId"], str), call.error)
     check("tool turn: turn_started first", names[:1] == ["turn_started"], names)
+    check("tool turn: turn_started(prompt, speaker \"\" (the player), kind respond)",
+          sigs[:1] and sigs[0][1][2:] == ["Do you have ale?", "", KIND_RESPOND], sigs[:1])
     check("tool turn: handler got {item: ale}", asked == [{"item": "ale"}], asked)
     req = [a for n, a in sigs if n == "tool_call_requested"]
     check("tool turn: tool_call_requested(check_inventory, {item: ale})",
@@ -602,6 +907,8 @@ def main() -> int:
     check("(without normalize_numbers, the 1.0s of a Godot-parsed save are accepted too)",
           raw_call.is_ok() and raw_call.result["npcId"] == "keeper3", raw_call.error or raw_call.result)
 
+    game_layer(client)
+
     r = client.wait(client.respond("nobody", "hi", {}))
     check("unknown npc: error {code unknown_npc, rpc_code -31020, retryable false}",
           r.error.get("code") == "unknown_npc" and r.error.get("rpc_code") == -31020
@@ -613,7 +920,8 @@ def main() -> int:
     check("engine_status", r.is_ok() and isinstance(r.result["engines"], list), r.error)
     r = client.wait(client.list_npcs())
     ids = sorted(n["npcId"] for n in r.result["npcs"]) if r.is_ok() else r.error
-    check("list_npcs", ids == ["keeper", "keeper2", "keeper3"], ids)
+    check("list_npcs", ids == ["guard", "keeper", "keeper2", "keeper3"], ids)
+    game_layer_extras(client)
     r = client.wait(client.count_tokens("How much for a room?", "keeper"))
     check("count_tokens with npc", r.is_ok() and r.result["tokens"] > 0
           and r.result["promptTokens"] is not None, r.error or r.result)

@@ -8,8 +8,10 @@ extends Node
 ## (parsing, signals, tool handlers, OamCall results) runs on the main thread. Call this
 ## node from the main thread only; writes to the bridge's stdin happen there.
 
-## A turn began. prompt: the player's line.
-signal turn_started(npc_id: String, turn_id: String, prompt: String)
+## A turn began. prompt: the player's line (a decision: the text the model reads; a prewarm:
+## ""). speaker: who said it ("" for the player; another NPC's name for NPC-to-NPC lines).
+## kind: OamProtocol.KIND_RESPOND, KIND_DECIDE or KIND_PREWARM, the method that started it.
+signal turn_started(npc_id: String, turn_id: String, prompt: String, speaker: String, kind: String)
 ## New text. text: the step's text so far ("" when the turn set fullText false);
 ## is_reset: the text shown so far is replaced (first delta after a tool round).
 signal text_delta(npc_id: String, turn_id: String, delta: String, text: String, is_reset: bool)
@@ -30,8 +32,17 @@ signal tool_call_withdrawn(
 )
 ## info: the event's params (droppedTurns, keptTurns, promptTokens, contextSize).
 signal context_trimmed(npc_id: String, turn_id: String, info: Dictionary)
-## Terminal. result: the event's params (text, json, toolCalls, usage, steps, ...).
+## Terminal. result: the event's params (text, json, toolCalls, usage, steps, finishReason,
+## warnings, worldRevision). finishReason "fallback": text is the NPC's fallback line (the
+## guardrail policy caught a guardrail_violation or refusal, named in warnings);
+## "retried_as_text": the retry policy's plain-text answer; "prewarmed": a prewarm's end.
+## Numbers are floats, as Godot parses JSON: int(result.worldRevision).
 signal turn_completed(npc_id: String, turn_id: String, result: Dictionary)
+## After turn_completed of a decision (decide()): the option the NPC chose. arguments: {}
+## for an option without parameters; reasoning: "" when decide() asked for none.
+signal decision_made(
+	npc_id: String, turn_id: String, choice: String, arguments: Dictionary, reasoning: String
+)
 ## Terminal. error: {code, rpc_code, message, retryable, data}.
 signal turn_failed(npc_id: String, turn_id: String, error: Dictionary)
 ## Every event, before its own signal.
@@ -73,6 +84,7 @@ var _next_id := 0
 var _pending := {}  # request id -> OamCall
 var _tools := {}  # tool name -> Callable
 var _next_seq := {}  # turn id -> the seq the next event of that turn must carry
+var _turn_kinds := {}  # turn id -> its turn/started "kind", until its terminal event
 
 
 func _ready() -> void:
@@ -190,13 +202,16 @@ func initialize(client_name: String = "godot", client_version: String = "1") -> 
 	return request("initialize", OamProtocol.initialize_params(client_name, client_version))
 
 
-## config: instructions, persona, tools (see OamProtocol.tool_spec), engine, options, script.
+## config: instructions, persona, tools (see OamProtocol.tool_spec), engine, model, options,
+## tags (world facts scoped by tag reach it), fallbacks (see OamProtocol.fallbacks), script.
 func create_npc(npc_id: String, config: Dictionary = {}) -> OamCall:
 	return request("npc/create", OamProtocol.create_params(npc_id, config))
 
 
 ## Starts a turn; the result is {npcId, turnId}, then the turn's signals follow.
-## options: toolChoice, maxToolRounds, maxToolCalls, schema, toolTimeoutMs, fullText.
+## options: toolChoice (also OamProtocol.TOOL_CHOICE_TOOL_OR_ANSWER), maxToolRounds,
+## maxToolCalls, schema, toolTimeoutMs, fullText, speaker (another NPC's id or a name: who
+## says the prompt; absent: the player), guardrail (OamProtocol.GUARDRAIL_*).
 func respond(npc_id: String, prompt: String, options: Dictionary = {}) -> OamCall:
 	return request("npc/respond", OamProtocol.respond_params(npc_id, prompt, options))
 
@@ -245,6 +260,61 @@ func engine_status() -> OamCall:
 ## Ends every turn; afterwards only "exit" is accepted (stop() sends it).
 func shutdown() -> OamCall:
 	return request("shutdown")
+
+
+# --- game layer -------------------------------------------------------------------------
+
+
+## The NPC picks one of options (OamProtocol.decision_option) for the situation. The result
+## is {npcId, turnId}; the decision is a turn of the NPC (turn_started kind "decide",
+## partial_json, then turn_completed with json {reasoning, choice, arguments}), followed by
+## decision_made. reasoning: the model says why before it chooses; remember: the decision
+## enters the NPC's dialogue history.
+func decide(
+	npc_id: String, situation: String, options: Array, reasoning := true, remember := false
+) -> OamCall:
+	return request(
+		"npc/decide", OamProtocol.decide_params(npc_id, situation, options, reasoning, remember)
+	)
+
+
+## Prepares the NPC before the player reaches it, so its first words come sooner. The result
+## is {npcId, turnId}; the prewarm is a turn (turn_started kind "prewarm", then
+## turn_completed with finishReason "prewarmed").
+func prewarm(npc_id: String) -> OamCall:
+	return request("npc/prewarm", OamProtocol.npc_params(npc_id))
+
+
+## Replaces the NPC's tags (where it is, whose side it is on): the world facts scoped by
+## tag that it sees follow from its next model step. The result is {}.
+func set_tags(npc_id: String, tags: PackedStringArray) -> OamCall:
+	return request("npc/setTags", OamProtocol.set_tags_params(npc_id, tags))
+
+
+## Sets a world fact (value: any JSON but null), replacing one with that key. tags and
+## npc_ids scope it (both empty: every NPC sees it); lore keeps it out of the prompts and
+## lets the NPCs that can see it look it up with the bridge's recall tool. The result is
+## {revision}.
+func world_set(
+	key: String,
+	value: Variant,
+	tags := PackedStringArray(),
+	npc_ids := PackedStringArray(),
+	lore := false
+) -> OamCall:
+	return request("world/set", OamProtocol.world_set_params(key, value, tags, npc_ids, lore))
+
+
+## The result is {revision, deleted} (deleted false: there was no such fact).
+func world_delete(key: String) -> OamCall:
+	return request("world/delete", OamProtocol.world_key_params(key))
+
+
+## The result is {revision, facts} (each key, value, npcIds, tags, lore; sorted by key):
+## every fact, or with npc_id only those that NPC can see. Keep it in the save data and
+## world_set the facts again after loading.
+func world_get(npc_id: String = "") -> OamCall:
+	return request("world/get", OamProtocol.world_get_params(npc_id))
 
 
 # --- tools ------------------------------------------------------------------------------
@@ -314,6 +384,7 @@ func _on_response(message: Dictionary) -> void:
 
 func _on_event(method: String, params: Dictionary) -> void:
 	_check_seq(method, params)
+	var kind := _turn_kind(method, params)
 	event_received.emit(method, params)
 	var mapped := OamProtocol.event_signal(method, params)
 	var signal_name: String = mapped[0]
@@ -325,6 +396,19 @@ func _on_event(method: String, params: Dictionary) -> void:
 	callv("emit_signal", args)
 	if method == "turn/toolCallRequested":
 		_run_tool(params)
+	elif method == "turn/completed" and kind == OamProtocol.KIND_DECIDE:
+		callv("emit_signal", ["decision_made"] + OamProtocol.decision_args(params))
+
+
+# Remembers each turn's kind from turn/started; returns it (forgotten at the terminal event).
+func _turn_kind(method: String, params: Dictionary) -> String:
+	var turn_id := str(params.get("turnId", ""))
+	if method == "turn/started":
+		_turn_kinds[turn_id] = str(params.get("kind", OamProtocol.KIND_RESPOND))
+	var kind: String = _turn_kinds.get(turn_id, "")
+	if OamProtocol.is_terminal(method):
+		_turn_kinds.erase(turn_id)
+	return kind
 
 
 func _check_seq(method: String, params: Dictionary) -> void:
@@ -391,6 +475,7 @@ func _mark_closed() -> void:
 	var waiting := _pending.values()
 	_pending.clear()
 	_next_seq.clear()
+	_turn_kinds.clear()
 	for pending_call: OamCall in waiting:
 		pending_call.finish(
 			null, OamProtocol.client_error(OamProtocol.BRIDGE_CLOSED, "bridge exited")

@@ -58,6 +58,19 @@ const EVENT_SIGNALS := {
 
 const TERMINAL_EVENTS := ["turn/completed", "turn/failed"]
 
+## turn/started "kind": the method that started the turn.
+const KIND_RESPOND := "respond"
+const KIND_DECIDE := "decide"
+const KIND_PREWARM := "prewarm"
+
+## npc/respond "guardrail": what a guardrail_violation or refusal does to the turn.
+const GUARDRAIL_FAIL := "fail"  # turn_failed with the code (the default)
+const GUARDRAIL_FALLBACK := "fallback"  # completes with the NPC's next fallback line
+const GUARDRAIL_RETRY := "retry"  # one more try as plain text, then the fallback line
+
+## npc/respond "toolChoice": a tool, or answer directly (the bridge adds respond_directly).
+const TOOL_CHOICE_TOOL_OR_ANSWER := "tool_or_answer"
+
 # --- outgoing lines ---------------------------------------------------------------------
 
 
@@ -110,14 +123,16 @@ static func initialize_params(client_name: String, client_version: String) -> Di
 	}
 
 
-## config: any of instructions, persona, tools, engine, options, script (protocol names).
+## config: any of instructions, persona, tools, engine, model, options, tags, fallbacks,
+## script (protocol names; see tool_spec and fallbacks).
 static func create_params(npc_id: String, config: Dictionary) -> Dictionary:
 	var params := config.duplicate(true)
 	params["npcId"] = npc_id
 	return params
 
 
-## options: any of toolChoice, maxToolRounds, maxToolCalls, schema, toolTimeoutMs, fullText.
+## options: any of toolChoice, maxToolRounds, maxToolCalls, schema, toolTimeoutMs, fullText,
+## speaker (another NPC's id, or a name; absent: the player), guardrail (GUARDRAIL_*).
 static func respond_params(npc_id: String, prompt: String, options: Dictionary) -> Dictionary:
 	var params := options.duplicate(true)
 	params["npcId"] = npc_id
@@ -133,7 +148,7 @@ static func submit_error_params(npc_id: String, call_id: String, message: String
 	return {"npcId": npc_id, "callId": call_id, "error": message}
 
 
-## For npc/cancel, npc/transcript, npc/reset, npc/delete.
+## For npc/cancel, npc/transcript, npc/reset, npc/delete, npc/prewarm.
 static func npc_params(npc_id: String) -> Dictionary:
 	return {"npcId": npc_id}
 
@@ -159,6 +174,73 @@ static func count_tokens_params(text: String, npc_id: String, engine: String) ->
 ## A tool definition for npc/create's "tools" (parameters: a JSON Schema object).
 static func tool_spec(name: String, description: String, parameters: Dictionary) -> Dictionary:
 	return {"name": name, "description": description, "parameters": parameters}
+
+
+## npc/create's "fallbacks": the lines said, in turn, when a turn whose guardrail policy is
+## GUARDRAIL_FALLBACK or GUARDRAIL_RETRY is blocked (guardrail_violation) or refused.
+## An empty list is left out.
+static func fallbacks(
+	guardrail_violation: PackedStringArray, refusal: PackedStringArray = PackedStringArray()
+) -> Dictionary:
+	var out := {}
+	if not guardrail_violation.is_empty():
+		out["guardrailViolation"] = Array(guardrail_violation)
+	if not refusal.is_empty():
+		out["refusal"] = Array(refusal)
+	return out
+
+
+## One option of npc/decide. parameters: an object JSON Schema for the option's arguments
+## ({} leaves it out: the option takes none).
+static func decision_option(
+	name: String, description: String, parameters: Dictionary = {}
+) -> Dictionary:
+	var option := {"name": name, "description": description}
+	if not parameters.is_empty():
+		option["parameters"] = parameters
+	return option
+
+
+## options: Dictionaries from decision_option (1 to 64, names unique).
+static func decide_params(
+	npc_id: String, situation: String, options: Array, reasoning: bool, remember: bool
+) -> Dictionary:
+	return {
+		"npcId": npc_id,
+		"situation": situation,
+		"options": options.duplicate(true),
+		"reasoning": reasoning,
+		"remember": remember,
+	}
+
+
+static func set_tags_params(npc_id: String, tags: PackedStringArray) -> Dictionary:
+	return {"npcId": npc_id, "tags": Array(tags)}
+
+
+## value: any JSON but null. Scope: tags and npc_ids (both empty: every NPC sees the fact;
+## an empty one is left out). lore: kept out of prompts, told by the bridge's recall tool.
+static func world_set_params(
+	key: String, value: Variant, tags: PackedStringArray, npc_ids: PackedStringArray, lore: bool
+) -> Dictionary:
+	var params := {"key": key, "value": value}
+	if not npc_ids.is_empty():
+		params["npcIds"] = Array(npc_ids)
+	if not tags.is_empty():
+		params["tags"] = Array(tags)
+	if lore:
+		params["lore"] = true
+	return params
+
+
+## For world/delete.
+static func world_key_params(key: String) -> Dictionary:
+	return {"key": key}
+
+
+## npc_id "" gets every fact; else only the facts that NPC can see.
+static func world_get_params(npc_id: String) -> Dictionary:
+	return {} if npc_id.is_empty() else {"npcId": npc_id}
 
 
 # --- incoming lines ---------------------------------------------------------------------
@@ -265,7 +347,13 @@ static func event_signal(method: String, params: Dictionary) -> Array:
 	var args: Array = [npc_id, turn_id]
 	match method:
 		"turn/started":
-			args.append(str(params.get("prompt", "")))
+			args.append_array(
+				[
+					str(params.get("prompt", "")),
+					text_or_empty(params.get("speaker")),
+					str(params.get("kind", KIND_RESPOND))
+				]
+			)
 		"turn/textDelta":
 			args.append_array(
 				[
@@ -293,6 +381,20 @@ static func event_signal(method: String, params: Dictionary) -> Array:
 
 static func is_terminal(method: String) -> bool:
 	return method in TERMINAL_EVENTS
+
+
+## The decision_made signal's arguments from a decision turn's turn/completed params:
+## [npc_id, turn_id, choice, arguments ({} for an option without parameters),
+## reasoning ("" when not asked for)].
+static func decision_args(params: Dictionary) -> Array:
+	var answer := dict_or_empty(params.get("json"))
+	return [
+		str(params.get("npcId", "")),
+		str(params.get("turnId", "")),
+		text_or_empty(answer.get("choice")),
+		dict_or_empty(answer.get("arguments")),
+		text_or_empty(answer.get("reasoning")),
+	]
 
 
 ## What a tool handler returns to answer with npc/submit's "error" instead of "output".
