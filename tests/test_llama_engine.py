@@ -4,6 +4,7 @@ skipping them. Grammar tests that need no model are in test_llama_grammar.py; ti
 in bench/bench_llama.py."""
 
 import os
+import threading
 
 import jsonschema
 import pytest
@@ -128,3 +129,106 @@ async def test_returning_npc_cache(engine):
     out = await collect(engine, req("A", msgs_a + [Message("assistant", "ok"), Message("user", "and?")], max_tokens=4))
     assert out[-1].usage.cached_tokens > 20
 
+
+
+def test_a_line_another_npc_said_is_counted_with_its_speakers_name(engine):
+    plain = engine.count_tokens("x", [Message("user", "Who goes there?")], [])
+    named = engine.count_tokens("x", [Message("user", "Who goes there?", name="Brom Ironfoot")], [])
+    assert named > plain
+
+
+# -- npc/prewarm ----------------------------------------------------------------------------
+
+KEEPER = ("You are Greta, the gruff but kind keeper of the Prancing Pony, a tavern on the market square. "
+          "You speak in short sentences and never leave the counter. " * 4
+          + "\nWorld facts: the north bridge washed away last week; ale costs 2 coins; the stew is mutton.")
+STOCK = ToolSpec("check_inventory", "How many of an item the tavern has", {"type": "object", "properties": {
+    "item": {"type": "string"}}, "required": ["item"]})
+
+
+def keeper(npc, msgs, instructions=KEEPER):
+    return StepRequest(npc, instructions, msgs, [STOCK], "allowed", None,
+                       GenerationOptions(max_tokens=4, temperature=0), 0, speaker="Greta")
+
+
+@pytest.mark.trio
+async def test_a_prewarm_reads_the_prompt_off_the_event_loop_and_the_next_step_reuses_it(engine, monkeypatch):
+    threads = []
+    prewarm = Generator.prewarm
+
+    def spy(self, *args):
+        threads.append(threading.current_thread())
+        return prewarm(self, *args)
+
+    monkeypatch.setattr(Generator, "prewarm", spy)
+    history = [Message("user", "Evening."), Message("assistant", "Evening. What'll it be?")]
+    with trio.fail_after(120):
+        warm = await engine.prewarm(keeper("pw-keeper", history))
+        assert threads and threads[0] is not threading.main_thread()
+        assert warm.input_tokens > 150 and warm.output_tokens == 0
+        again = await engine.prewarm(keeper("pw-keeper", history))
+        assert again.input_tokens == again.cached_tokens == warm.input_tokens, "nothing left to read"
+        # another NPC takes the context; the keeper's prewarmed state is saved and comes back
+        await collect(engine, req("pw-other", [Message("user", "Completely different words here.")], max_tokens=2))
+        out = await collect(engine, keeper("pw-keeper", [*history, Message("user", "Any ale left?")]))
+    done = out[-1]
+    assert isinstance(done, StepDone)
+    assert done.usage.cached_tokens >= warm.input_tokens - 1, (done.usage, warm)
+    assert done.usage.input_tokens - done.usage.cached_tokens < 20, "only the new line is read"
+
+
+@pytest.mark.trio
+async def test_a_prewarm_on_a_first_turn_leaves_only_the_players_line_to_read(engine):
+    with trio.fail_after(120):
+        warm = await engine.prewarm(keeper("pw-first", [], instructions=KEEPER + " The cellar door sticks."))
+        out = await collect(engine, keeper("pw-first", [Message("user", "Hello?", name="Brom")],
+                                           instructions=KEEPER + " The cellar door sticks."))
+    assert out[-1].usage.cached_tokens >= warm.input_tokens - 1
+    assert warm.cached_tokens < warm.input_tokens
+
+
+@pytest.mark.trio
+async def test_a_prewarm_is_cancelled_like_a_step(engine):
+    long = KEEPER + " The regulars tell long stories about the old war." * 60
+    with trio.fail_after(120):
+        with trio.move_on_after(0.05) as scope:
+            await engine.prewarm(keeper("pw-cancel", [], instructions=long))
+        assert scope.cancelled_caught
+        out = await collect(engine, req("pw-cancel-next", max_tokens=2))  # waits for the thread to stop
+    assert isinstance(out[-1], StepDone)
+
+
+# -- npc/decide on the bundled model ------------------------------------------------------------
+
+OPTIONS = {"let_in": "open the gate", "question": "ask who they are", "call_help": "ring the bell"}
+REASONING = {"type": "string", "description": "why, in one short sentence"}
+DECIDE = {"type": "object", "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": list(OPTIONS)}},
+          "required": ["reasoning", "choice"]}
+DECIDE_ARGS = {"anyOf": [
+    {"type": "object", "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": ["let_in", "question"]}},
+     "required": ["reasoning", "choice"]},
+    {"type": "object", "properties": {"reasoning": REASONING, "choice": {"const": "call_help"}, "arguments": {
+        "type": "object", "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}}, "required": ["urgency"]}},
+     "required": ["reasoning", "choice", "arguments"]},
+]}
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("schema", [DECIDE, DECIDE_ARGS], ids=["enum", "anyOf"])
+async def test_decisions_at_temperature_are_always_one_of_the_options(engine, schema):
+    import json
+    situation = ("A stranger in a hood walks up to the gate after dark.\n\nChoose one option:\n"
+                 + "\n".join(f"- {k}: {v}" for k, v in OPTIONS.items()))
+    choices = []
+    with trio.fail_after(300):
+        for seed in range(10):
+            r = StepRequest("decider", "You are Hilda, the night guard of the town gate.", [Message("user", situation)],
+                            [], "disallowed", schema, GenerationOptions(temperature=0.7, seed=seed), 0)
+            out = await collect(engine, r)
+            text = "".join(c.delta for c in out if isinstance(c, TextChunk))
+            assert out[-1].finish_reason == "stop", (seed, text)
+            value = json.loads(text)
+            jsonschema.validate(value, schema)
+            assert list(value)[:2] == ["reasoning", "choice"], "the reason comes before the choice"
+            choices.append(value["choice"])
+    assert set(choices) <= set(OPTIONS)

@@ -376,3 +376,74 @@ def test_every_bridge_package_and_the_generated_cdef_ship_in_the_wheel():
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "bridge").rglob("__init__.py")}
     assert found == listed, f"packages missing from pyproject.toml: {found - listed}, listed but absent: {listed - found}"
     assert (root / "bridge" / "engines" / "_native_cdef.py").is_file()
+
+
+@pytest.mark.trio
+async def test_a_line_another_npc_said_crosses_the_abi_as_name_colon_line():
+    # The library's messages have no speaker: the content carries it, as every engine reads it.
+    import json
+
+    from bridge.engines.native import _request_json
+
+    e = native.NativeEngine()  # no script: the step echoes the last user line
+    r = StepRequest("npc", "You are a guard.", [Message("user", "Evening."), Message("assistant", "Halt."),
+                                                Message("user", "Open up, friend.", name="Brom")],
+                    [], "disallowed", None, GenerationOptions(), 0)
+    chunks = await collect(e, r)
+    assert "".join(c.delta for c in chunks if isinstance(c, TextChunk)) == "You said: Brom: Open up, friend."
+    sent = json.loads(_request_json(r))["messages"]
+    assert sent[0] == {"role": "user", "content": "Evening."}
+    assert sent[2] == {"role": "user", "content": "Brom: Open up, friend."}, "no name field: the ABI's shape is unchanged"
+    named = e.count_tokens("x", [Message("user", "Open up, friend.", name="Brom Ironfoot")], [])
+    assert named > e.count_tokens("x", [Message("user", "Open up, friend.")], [])
+    await e.aclose()
+
+
+def history_request(npc: str = "npc", messages: list[Message] | None = None) -> StepRequest:
+    """What the agent sends for npc/prewarm: the history, no new line, schema None."""
+    return StepRequest(npc, "You are a guard.", messages or [], [ToolSpec("open_gate")], "allowed", None,
+                       GenerationOptions(), 0)
+
+
+@pytest.mark.trio
+async def test_a_prewarm_generates_nothing_and_consumes_no_script_step():
+    import json
+
+    from bridge.engines.native import _request_json
+
+    assert json.loads(_request_json(history_request(), prewarm=True))["prewarm"] is True
+    assert "prewarm" not in json.loads(_request_json(history_request()))
+    e = native.NativeEngine(script=[{"text": "first"}, {"text": "second"}])
+    with trio.fail_after(10):
+        usage = await e.prewarm(history_request())
+        assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (0, 0, 0)
+        assert "".join(c.delta for c in await collect(e, req()) if isinstance(c, TextChunk)) == "first"
+        # a history that ends with the NPC's own line, as after a turn
+        await e.prewarm(history_request(messages=[Message("user", "hi"), Message("assistant", "first")]))
+        assert "".join(c.delta for c in await collect(e, req()) if isinstance(c, TextChunk)) == "second"
+        # an NPC with its own script is prewarmed on its own model, which keeps its script too
+        e.set_script("scripted-npc", [{"text": "mine"}])
+        await e.prewarm(history_request("scripted-npc"))
+        mine = StepRequest("scripted-npc", "", [Message("user", "hi")], [], "disallowed", None, GenerationOptions(), 0)
+        assert "".join(c.delta for c in await collect(e, mine) if isinstance(c, TextChunk)) == "mine"
+    await e.aclose()
+    with pytest.raises(BridgeError) as err:
+        await e.prewarm(history_request())
+    assert err.value.code == "model_unavailable"
+
+
+def test_a_decision_schema_crosses_the_abi_with_each_alternatives_order():
+    import json
+
+    from bridge.engines.native import _request_json
+
+    schema = {"anyOf": [
+        {"type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["let_in", "question"]}},
+         "required": ["reasoning", "choice"]},
+        {"type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"const": "call_help"},
+                                          "arguments": {"type": "object", "properties": {"urgency": {"enum": ["low", "high"]}}}},
+         "required": ["reasoning", "choice", "arguments"]},
+    ]}
+    r = StepRequest("n", "", [Message("user", "x")], [], "disallowed", schema, GenerationOptions(), 0)
+    sent = json.loads(_request_json(r))["schema"]["anyOf"]
+    assert [m["x-order"] for m in sent] == [["reasoning", "choice"], ["reasoning", "choice", "arguments"]]

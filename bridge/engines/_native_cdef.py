@@ -49,6 +49,10 @@ int oam_count_tokens(oam_engine *engine, const char *json);
 
 /* Starts one model step. step_request_json is the StepRequest:
  * {"instructions","messages","tools","toolMode","schema","options"}.
+ * With "prewarm":true the step generates nothing: it prepares the step these messages
+ * (the history, no new prompt) lead to (Apple: the session is built and prewarmed; the
+ * scripted backend does nothing and consumes no script step) and ends with a done event
+ * whose usage is zero and finishReason "prewarmed".
  * Returns NULL on failure and sets *err. */
 oam_step *oam_step_start(oam_engine *engine, const char *step_request_json, char **err);
 

@@ -25,7 +25,8 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from bridge.engines.base import (
     ToolCallsChunk,
     ToolSpec,
     Usage,
+    user_text,
 )
 from bridge.errors import ERROR_CODES, BridgeError
 
@@ -192,21 +194,34 @@ def _with_property_order(schema: Any) -> Any:
     return out
 
 
-def _request_json(request: StepRequest) -> bytes:
+def _spoken(messages: list[Message]) -> list[Message]:
+    """The messages as the library takes them: a user line someone other than the player
+    said carries its speaker in its text, ``Name: line`` (``base.user_text``), as on every
+    engine; the library's messages have no speaker."""
+    return [
+        msgspec.structs.replace(m, content=user_text(m), name=None) if m.role == "user" and m.name else m
+        for m in messages
+    ]
+
+
+def _request_json(request: StepRequest, prewarm: bool = False) -> bytes:
     """The StepRequest JSON of the ABI. Tools and tool mode go as given: the library
-    reports what the model did, and the agent decides what it means."""
-    return _enc.encode(
-        {
-            "npcId": request.npc_id,
-            "instructions": request.instructions,
-            "messages": request.messages,
-            "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in request.tools],
-            "toolMode": request.tool_mode,
-            "schema": _with_property_order(request.schema),
-            "options": request.options,
-            "stepIndex": request.step_index,
-        }
-    )
+    reports what the model did, and the agent decides what it means. ``prewarm``: the
+    request is ``npc/prewarm``'s (``"prewarm": true``): the library prepares the step
+    whose messages these are, generates nothing and ends it with a done event."""
+    body: dict[str, Any] = {
+        "npcId": request.npc_id,
+        "instructions": request.instructions,
+        "messages": _spoken(request.messages),
+        "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in request.tools],
+        "toolMode": request.tool_mode,
+        "schema": _with_property_order(request.schema),
+        "options": request.options,
+        "stepIndex": request.step_index,
+    }
+    if prewarm:
+        body["prewarm"] = True
+    return _enc.encode(body)
 
 
 class NativeEngine:
@@ -268,7 +283,7 @@ class NativeEngine:
     def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
         """The library's count (an estimate on the scripted backend); any thread. The last
         ``COUNT_CACHE_SIZE`` prompts' counts are remembered."""
-        body = _enc.encode({"instructions": instructions, "messages": messages, "tools": tools})
+        body = _enc.encode({"instructions": instructions, "messages": _spoken(messages), "tools": tools})
         with self._guard:
             if self._closed:
                 raise BridgeError("model_unavailable", "engine closed")
@@ -309,10 +324,10 @@ class NativeEngine:
         self.forget(npc_id)
         self._npc_handles[npc_id] = self._ffi.gc(h, self._lib.oam_engine_destroy)
 
-    def _start(self, request: StepRequest) -> Any:
+    def _start(self, request: StepRequest, prewarm: bool = False) -> Any:
         err = self._ffi.new("char **")
         handle = self._npc_handles.get(request.npc_id, self._h)
-        step = self._lib.oam_step_start(handle, _request_json(request), err)
+        step = self._lib.oam_step_start(handle, _request_json(request, prewarm), err)
         if step == self._ffi.NULL:
             raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request")
         return step
@@ -323,11 +338,26 @@ class NativeEngine:
         ordered before the next pull by trio's thread hand-off."""
         return int(self._lib.oam_step_pull(step, POLL_MS, out))
 
-    async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
+    def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
+        return self._stream(request, prewarm=False)
+
+    async def prewarm(self, request: StepRequest) -> Usage:
+        """``npc/prewarm``: the step request with ``"prewarm": true``, driven like a step. On
+        Apple's model the library builds the session the step would (instructions, tools,
+        history) and prewarms it; the scripted backend does nothing and keeps its script.
+        Either ends with a done event, whose usage this returns."""
+        usage = Usage()
+        async with aclosing(self._stream(request, prewarm=True)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, StepDone):
+                    usage = chunk.usage
+        return usage
+
+    async def _stream(self, request: StepRequest, prewarm: bool) -> AsyncGenerator[Chunk, None]:
         self._check()
         ffi, lib = self._ffi, self._lib
         pull, buffer, unpack = lib.oam_step_pull, ffi.buffer, ffi.unpack
-        step = self._start(request)
+        step = self._start(request, prewarm)
         out = ffi.new("oam_batch **")
         finished = False
         try:

@@ -16,7 +16,8 @@ import msgspec
 import trio
 
 from bridge.engines.base import (
-    Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec,
+    Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
+    user_text,
 )
 from bridge.errors import BridgeError
 
@@ -184,7 +185,7 @@ class LlamaEngine:
                         if ids:
                             boost[ids[0]] = self.fact_bias
             start = turn_start(request.messages)
-            player = request.messages[start].content if start >= 0 else ""
+            player = user_text(request.messages[start]) if start >= 0 else ""
             if spoken and request.speaker and _ASKS_NAME.search(player):
                 for form in (" " + request.speaker, request.speaker):  # said once, then free
                     if ids := self._tokens(form):
@@ -239,6 +240,34 @@ class LlamaEngine:
             raise
         except Exception as e:
             raise BridgeError("generation_failed", f"llama generation failed: {type(e).__name__}: {e}") from e
+
+    async def prewarm(self, request: StepRequest) -> Usage:
+        """``npc/prewarm``: reads the start of the NPC's next prompt (the system message with
+        its instructions, facts and tools, then the history: ``request.messages``, no new
+        line) into the NPC's context, on the generation thread as a step reads its prompt,
+        and generates nothing. The NPC's next step then reads only its new line. Usage: the
+        prefix's tokens, and those already in the context (``cached_tokens``). Cancelling
+        the calling task stops the reading within a prompt chunk."""
+        if self._llm is None:
+            raise BridgeError("model_unavailable", self._reason or "model not loaded")
+
+        def job(stop: threading.Event, emit: Emit) -> None:
+            prompt = self._renderer.render_prefix(request.instructions, request.messages, request.tools,
+                                                  request.tool_mode, request.schema)
+            usage = self._gen.prewarm(request.npc_id, self._tokens(prompt), stop)
+            if usage is not None:
+                emit(("done", usage))
+
+        usage = Usage()
+        try:
+            async with aclosing(run_in_thread(job)) as items:
+                async for item in items:
+                    usage = item[1]
+        except BridgeError:
+            raise
+        except Exception as e:
+            raise BridgeError("generation_failed", f"llama prewarm failed: {type(e).__name__}: {e}") from e
+        return usage
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` alone, tokenized as the prompt tokenizes it, with no chat template

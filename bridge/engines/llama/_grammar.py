@@ -104,11 +104,19 @@ def compact_repetition(grammar: str) -> str:
     return grammar
 
 
+# A character of a JSON string. llama-cpp-python's converter allows any character but the
+# quote and the backslash, raw control characters too, which JSON forbids in a string: a line
+# break the model wrote inside "reasoning" would make an answer no JSON parser reads.
+# llama.cpp's own converter excludes them, as this rule does.
+JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 def gbnf(schema: dict[str, Any]) -> str:
     """GBNF for one JSON Schema (root rule ``root``)."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    return compact_repetition(str(json_schema_to_gbnf(json.dumps(schema))))
+    text = compact_repetition(str(json_schema_to_gbnf(json.dumps(schema))))
+    return re.sub(r"^char ::= .*$", lambda _m: JSON_CHAR, text, count=1, flags=re.M)
 
 
 def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None) -> Grammar:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
-from bridge.engines.base import Message, ToolSpec
+from bridge.engines.base import Message, ToolSpec, user_text
 
 
 def _describe(schema: Any) -> str:
@@ -36,11 +37,33 @@ def _arguments(parameters: Any) -> str:
     return f" with {', '.join(props)}" if props else ""
 
 
+def _union_properties(schema: Any) -> dict[str, Any] | None:
+    """The properties of an ``anyOf``/``oneOf`` of object schemas (an ``npc/decide`` whose
+    options take arguments: one object per option), merged in the order they first appear:
+    the answer has these fields whichever alternative the grammar takes. None when an
+    alternative is not an object schema with properties."""
+    members = next((schema[k] for k in ("anyOf", "oneOf") if isinstance(schema.get(k), list)), None)
+    if not members:
+        return None
+    merged: dict[str, Any] = {}
+    for m in members:
+        props = m.get("properties") if isinstance(m, dict) else None
+        if not isinstance(props, dict) or not props:
+            return None
+        for k, v in props.items():
+            if k not in merged or (isinstance(v, dict) and "description" in v and "description" not in merged[k]):
+                merged[k] = v
+    return merged
+
+
 def _fields(schema: Any) -> str:
     """The answer's fields by name, with the game's descriptions only: allowed values and
     types are the grammar's to enforce, and a small model copies a list of them into the
-    line it speaks."""
+    line it speaks. A union of objects (an ``npc/decide`` with argument schemas) is told as
+    the fields its alternatives share, in order, never as JSON Schema."""
     props = schema.get("properties") if isinstance(schema, dict) else None
+    if (not isinstance(props, dict) or not props) and isinstance(schema, dict):
+        props = _union_properties(schema)
     if not isinstance(props, dict) or not props:
         return f" matching {json.dumps(schema)}"
     said = [f"{k} ({v['description']})" if isinstance(v, dict) and isinstance(v.get("description"), str) else k for k, v in props.items()]
@@ -75,8 +98,9 @@ def _words(content: str) -> str:
 
 
 def turn_start(messages: list[Message]) -> int:
-    """Where the turn being generated starts: the index of its player line (the last user
-    message), or -1 when there is none."""
+    """Where the turn being generated starts: the index of its prompt line (the last user
+    message, the player's or another speaker's: see ``base.user_text``), or -1 when there
+    is none."""
     return max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
 
 
@@ -172,9 +196,28 @@ class PromptRenderer:
             system = (system + "\n\n" if system else "") + "Facts for your answer: " + " ".join(facts)
         msgs: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         for m in messages:
-            if m.role == "user" or (m.role == "assistant" and not m.tool_calls):
-                msgs.append({"role": m.role, "content": m.content})
+            if m.role == "user":  # "Name: line" when another NPC said it
+                msgs.append({"role": "user", "content": user_text(m)})
+            elif m.role == "assistant" and not m.tool_calls:
+                msgs.append({"role": "assistant", "content": m.content})
         return msgs
+
+    def render_prefix(
+        self,
+        instructions: str,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        tool_mode: str = "allowed",
+        schema: dict[str, Any] | None = None,
+    ) -> str:
+        """The start of the prompt of the step that follows ``messages`` (the history) with a
+        new line, whatever that line will be (``npc/prewarm``): the step rendered with two
+        different lines, up to where they part. Found this way, not by rendering the history
+        alone, it holds for any chat template, and it leaves out what only the history's last
+        turn shows (its tool results as facts), as the next step does."""
+        a = self.render(instructions, [*messages, Message("user", "A")], tools, tool_mode, schema)
+        b = self.render(instructions, [*messages, Message("user", "B")], tools, tool_mode, schema)
+        return os.path.commonprefix([a, b])
 
     def render(
         self,

@@ -164,6 +164,52 @@ class Generator:
             return name_tokens
         return None
 
+    def _read_prompt(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool) -> int | None:
+        """Under the lock: makes the context hold ``tokens``, reusing the longest prefix the
+        context or the NPC's saved state has (``_switch_to``) and reading the rest in
+        ``PREFILL_CHUNK`` chunks. Returns the tokens reused, or None when stopped (the
+        context then holds the chunks read so far, which a later step may reuse).
+        ``keep_last``: the last token is read even when it was there (its logits start the
+        sampling)."""
+        llm = self.llm
+        if len(tokens) >= self.n_ctx:
+            raise BridgeError("context_size_exceeded", "prompt exceeds context",
+                              prompt_tokens=len(tokens), context_size=self.n_ctx)
+        self._switch_to(npc_id, tokens)
+        n = 0
+        ids = llm._input_ids
+        m = min(len(ids), len(tokens))
+        while n < m and ids[n] == tokens[n]:
+            n += 1
+        if keep_last:
+            n = min(n, len(tokens) - 1)
+        if n > 0 and llm._ctx.kv_cache_seq_rm(-1, n, -1):
+            llm.n_tokens = n
+        else:
+            n = 0
+            llm.reset()
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        rest = tokens[n:]
+        for i in range(0, len(rest), PREFILL_CHUNK):
+            if stop.is_set():
+                return None
+            llm.eval(rest[i : i + PREFILL_CHUNK])
+        return n
+
+    def prewarm(self, npc_id: str, tokens: list[int], stop: threading.Event) -> Usage | None:
+        """Reads ``tokens`` (the start of the NPC's next prompt) into the context, as a step
+        reads its prompt, and generates nothing (``npc/prewarm``). The context stays the
+        NPC's: its next step reuses it, or, when another NPC's step takes the context first,
+        the state saved for it (``_switch_to``). Returns the prompt's tokens and those that
+        were already there, or None when stopped."""
+        with self.lock:
+            if self.llm is None:
+                raise BridgeError("model_unavailable", "engine closed")
+            if stop.is_set():
+                return None
+            cached = self._read_prompt(npc_id, tokens, stop, keep_last=False)
+            return None if cached is None else Usage(input_tokens=len(tokens), cached_tokens=cached)
+
     def generate(
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
         spoken: bool, speaker: str | None, stop: threading.Event, emit: Emit,
@@ -186,25 +232,6 @@ class Generator:
                 raise BridgeError("model_unavailable", "engine closed")
             if stop.is_set():
                 return None
-            if len(tokens) >= self.n_ctx:
-                raise BridgeError("context_size_exceeded", "prompt exceeds context",
-                                  prompt_tokens=len(tokens), context_size=self.n_ctx)
-            self._switch_to(npc_id, tokens)
-            # Reuse the longest resident prefix (at least the last token is re-read: its
-            # logits start the sampling).
-            n = 0
-            ids = llm._input_ids
-            m = min(len(ids), len(tokens))
-            while n < m and ids[n] == tokens[n]:
-                n += 1
-            n = min(n, len(tokens) - 1)
-            if n > 0 and llm._ctx.kv_cache_seq_rm(-1, n, -1):
-                llm.n_tokens = n
-            else:
-                n = 0
-                llm.reset()
-                llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-            cached = n
             grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
             braces = spoken and grammar is None
             boost = dict(boost or {})
@@ -212,11 +239,10 @@ class Generator:
             sampler = self._sampler(opts, grammar, braces, boost)
             for t in accepted:  # what the sampler chain has seen, to rebuild it
                 sampler.accept(t)
-            rest = tokens[n:]
-            for i in range(0, len(rest), PREFILL_CHUNK):
-                if stop.is_set():
-                    return None
-                llm.eval(rest[i : i + PREFILL_CHUNK])
+            # at least the last token is re-read: its logits start the sampling
+            cached = self._read_prompt(npc_id, tokens, stop, keep_last=True)
+            if cached is None:
+                return None
             limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
             max_tokens = min(limit, self.n_ctx - len(tokens))
             line = SpokenLine(soft_tokens=limit // 2) if spoken else None

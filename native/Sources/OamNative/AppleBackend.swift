@@ -24,6 +24,8 @@ final class AppleBackend: Backend, @unchecked Sendable {
     private var openStep: Int?                   // serial of the step that has not ended yet (→ busy)
     private var serial = 0
     private var lastTask: Task<Void, Never>?     // the previous step's model task (may be draining)
+    private var warmed: [(npc: String, session: LanguageModelSession)] = []   // prewarm(_:step:), oldest first
+    private static let warmLimit = 16            // NPCs whose prewarmed session is kept
 
     init(config: JSON) throws {
         let g = config["guardrails"]?.string ?? "default"
@@ -193,6 +195,29 @@ final class AppleBackend: Backend, @unchecked Sendable {
             collector.close()
             self?.endStep(mine)
         }
+    }
+
+    // MARK: prewarm
+
+    /// `npc/prewarm`: builds the session a step after these messages would build (the
+    /// instructions with the tool definitions, then the history; the history may be empty or
+    /// end with a response, as for counting) and prewarms it; nothing is generated. The
+    /// session is kept for the NPC (the last `warmLimit` NPCs) so the prewarm is not dropped.
+    /// Not a step for `busy`: it sends no request to the model.
+    func prewarm(_ request: JSON, step: StepState) throws {
+        if let r = unavailableReason { throw OamError("model_unavailable", r) }
+        let plan = try PlanTranscript.build(request, forCounting: true)   // invalid_request
+        let built = try AppleMapping.session(plan, collector: nil)         // invalid_schema (tool parameters)
+        let session = LanguageModelSession(model: model, tools: built.tools,
+                                           transcript: Transcript(entries: built.entries))
+        session.prewarm(promptPrefix: nil)   // UNVERIFIED(10): the next step builds its own session
+        let npc = request["npcId"]?.string ?? ""
+        lock.lock()
+        warmed.removeAll { $0.npc == npc }
+        warmed.append((npc: npc, session: session))
+        if warmed.count > AppleBackend.warmLimit { warmed.removeFirst() }
+        lock.unlock()
+        step.finish(prewarmedEvent(warnings: plan.warnings + built.warnings))
     }
 
     /// Ends step `mine` (idempotent; a later step's flag is left alone).

@@ -102,7 +102,7 @@ public func oam_step_start(_ engine: OpaquePointer?, _ json: UnsafePointer<CChar
         guard req.object != nil else { throw OamError("invalid_request", "step request must be a JSON object") }
         let box = engineBox(engine)
         let step = StepState(engine: box)
-        try box.backend.start(req, step: step)
+        try box.backend.begin(req, step: step)
         return OpaquePointer(Unmanaged.passRetained(step).toOpaque())
     } catch {
         setErr(err, asOam(error))

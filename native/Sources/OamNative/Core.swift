@@ -26,6 +26,40 @@ protocol Backend: AnyObject, Sendable {
     /// A step whose whole output is known at once may push it (and finish) before
     /// returning: the events wait in the step's queue for the first pull.
     func start(_ request: JSON, step: StepState) throws
+    /// A prewarm request (`"prewarm": true`, the host's `npc/prewarm`): prepares the step
+    /// these messages lead to (the history; the new prompt is not known yet) and generates
+    /// nothing; ends `step` with a done event. Same threading rules as `start`. The default
+    /// does nothing (the scripted backend: no script step is consumed).
+    func prewarm(_ request: JSON, step: StepState) throws
+}
+
+extension Backend {
+    func prewarm(_ request: JSON, step: StepState) throws {
+        step.finish(prewarmedEvent(warnings: []))
+    }
+
+    /// oam_step_start: a prewarm request goes to `prewarm`, any other to `start`.
+    func begin(_ request: JSON, step: StepState) throws {
+        if isPrewarmRequest(request) {
+            try prewarm(request, step: step)
+        } else {
+            try start(request, step: step)
+        }
+    }
+}
+
+/// Whether a step request asks for a prewarm (`"prewarm": true`: a field of the request
+/// JSON, so the ABI is unchanged).
+func isPrewarmRequest(_ request: JSON) -> Bool { request["prewarm"]?.bool ?? false }
+
+/// The done event that ends a prewarm: nothing generated, usage zero.
+func prewarmedEvent(warnings: [String]) -> JSON {
+    var o: [String: JSON] = [
+        "type": .string("done"), "finishReason": .string("prewarmed"),
+        "usage": .object(["inputTokens": .int(0), "outputTokens": .int(0), "cachedTokens": .int(0)]),
+    ]
+    if !warnings.isEmpty { o["warnings"] = .array(warnings.map { .string($0) }) }
+    return .object(o)
 }
 
 /// Event kinds of oam_native.h (oam_event_kind), as stored in a batch's `kinds` array.

@@ -113,6 +113,97 @@ final class PlanSchemaTests: XCTestCase {
         }
     }
 
+    // npc/decide's schemas, as the Python host sends them (an "x-order" beside every
+    // "properties"): the choice must stay a closed list of the options' names, never a free
+    // string, and nothing may be reported as not enforced.
+
+    func testADecisionWithoutArgumentsIsAnObjectWithReasoningFirstAndTheOptionsAsChoices() throws {
+        let s = try conv("""
+        {"type":"object","x-order":["reasoning","choice"],"properties":{
+          "reasoning":{"type":"string","description":"why, in one short sentence"},
+          "choice":{"type":"string","enum":["let_in","question"]}},"required":["reasoning","choice"]}
+        """)
+        XCTAssertEqual(s.root, .object(name: "Answer", description: nil, properties: [
+            PlanSchemaProperty(name: "reasoning", description: "why, in one short sentence", node: .string, isOptional: false),
+            PlanSchemaProperty(name: "choice", description: nil,
+                               node: .choices(name: "Answer_choice", description: nil, values: ["let_in", "question"]),
+                               isOptional: false),
+        ]))
+        XCTAssertEqual(s.dependencies, [])
+        XCTAssertEqual(s.warnings, [])
+    }
+
+    func testADecisionWithArgumentsIsAUnionOfOneObjectPerShapeEachWithItsChoices() throws {
+        let s = try conv("""
+        {"anyOf":[
+          {"type":"object","x-order":["reasoning","choice"],"properties":{
+            "reasoning":{"type":"string"},"choice":{"type":"string","enum":["let_in","question"]}},
+           "required":["reasoning","choice"]},
+          {"type":"object","x-order":["reasoning","choice","arguments"],"properties":{
+            "reasoning":{"type":"string"},"choice":{"const":"call_help"},
+            "arguments":{"type":"object","x-order":["urgency"],"properties":{"urgency":{"type":"string","enum":["low","high"]}},
+                         "required":["urgency"]}},
+           "required":["reasoning","choice","arguments"]},
+          {"type":"object","x-order":["reasoning","choice","arguments"],"properties":{
+            "reasoning":{"type":"string"},"choice":{"type":"string","const":"give"},
+            "arguments":{"type":"object","x-order":["item","count"],"properties":{"item":{"type":"string"},"count":{"type":"integer","minimum":1,"maximum":5}},
+                         "required":["item","count"],"additionalProperties":false}},
+           "required":["reasoning","choice","arguments"]}]}
+        """)
+        guard case .union(let name, _, let members) = s.root else { return XCTFail("\(s.root)") }
+        XCTAssertEqual(name, "Answer")
+        XCTAssertEqual(members.count, 3)
+        var choices: [[String]] = []
+        for m in members {
+            guard case .object(_, _, let props) = m else { return XCTFail("\(m)") }
+            XCTAssertEqual(props.first?.name, "reasoning")
+            XCTAssertEqual(props.first?.node, .string)
+            XCTAssertEqual(props.dropFirst().first?.name, "choice")
+            XCTAssertTrue(props.allSatisfy { !$0.isOptional })
+            guard case .choices(_, _, let values)? = props.dropFirst().first?.node else { return XCTFail("\(props)") }
+            choices.append(values)
+        }
+        XCTAssertEqual(choices, [["let_in", "question"], ["call_help"], ["give"]])
+        guard case .object(_, _, let second) = members[1], case .object(_, _, let args) = second[2].node else { return XCTFail() }
+        XCTAssertEqual(args, [PlanSchemaProperty(name: "urgency", description: nil,
+                                                 node: .choices(name: "Answer_2_arguments_urgency", description: nil,
+                                                                values: ["low", "high"]), isOptional: false)])
+        guard case .object(_, _, let third) = members[2], case .object(_, _, let give) = third[2].node else { return XCTFail() }
+        XCTAssertEqual(give.map(\.name), ["item", "count"])
+        XCTAssertEqual(give[1].node, .integer(minimum: 1, maximum: 5))
+        XCTAssertEqual(s.warnings, [])
+
+        // Every named type is unique (GenerationSchema refuses duplicates).
+        var names: [String] = []
+        func walk(_ n: PlanSchemaNode) {
+            if let t = n.typeName { names.append(t) }
+            switch n {
+            case .object(_, _, let p): p.forEach { walk($0.node) }
+            case .union(_, _, let m): m.forEach(walk)
+            case .array(let i, _, _): walk(i)
+            default: break
+            }
+        }
+        walk(s.root)
+        XCTAssertEqual(Set(names).count, names.count, "\(names)")
+    }
+
+    func testADecisionUnionWithATypeBesideAnyOfIsStillAUnion() throws {
+        // {"type":"object","anyOf":[...]}: the alternatives decide, the type adds nothing.
+        let s = try conv("""
+        {"type":"object","anyOf":[
+          {"type":"object","properties":{"choice":{"const":"wait"}},"required":["choice"]},
+          {"type":"object","properties":{"choice":{"const":"go"},"arguments":{"type":"object","properties":{"to":{"enum":["north","south"]}},"required":["to"]}},
+           "required":["choice","arguments"]}]}
+        """)
+        guard case .union(_, _, let members) = s.root, members.count == 2 else { return XCTFail("\(s.root)") }
+        guard case .object(_, _, let first) = members[0] else { return XCTFail() }
+        XCTAssertEqual(first.map(\.name), ["choice"])
+        guard case .choices(_, _, let v) = first[0].node else { return XCTFail() }
+        XCTAssertEqual(v, ["wait"])
+        XCTAssertEqual(s.warnings, [])
+    }
+
     func testToolParametersUseTheToolName() throws {
         let s = try conv(#"{"type":"object","properties":{"city":{"type":"string"}}}"#, "get weather")
         XCTAssertEqual(s.root.typeName, "get_weather")

@@ -1,0 +1,65 @@
+import XCTest
+@testable import OamNative
+
+/// A prewarm request (`"prewarm": true`, the host's `npc/prewarm`) on the scripted backend:
+/// nothing is generated, no script step is consumed, the step ends with one done event.
+final class ScriptedPrewarmTests: XCTestCase {
+    /// Every event of a step, as (kind, payload), until the step is finished.
+    func events(_ backend: Backend, _ request: String) throws -> [(UInt8, String)] {
+        let step = StepState(engine: EngineBox(backend: backend))
+        try backend.begin(try JSON.parse(request), step: step)
+        var out: [(UInt8, String)] = []
+        while true {
+            let (rc, b) = step.pull(timeoutMs: 2000)
+            if rc == -1 { return out }
+            XCTAssertEqual(rc, 1, "the step timed out")
+            if rc != 1 { return out }
+            let batch = b.pointee
+            var start = 0
+            for i in 0..<Int(batch.count) {
+                let end = Int(batch.ends[i])
+                let bytes = UnsafeRawBufferPointer(start: UnsafeRawPointer(batch.data!) + start, count: end - start)
+                out.append((batch.kinds[i], String(decoding: bytes, as: UTF8.self)))
+                start = end
+            }
+        }
+    }
+
+    func text(_ events: [(UInt8, String)]) -> String {
+        events.filter { $0.0 == EventKind.text }.map(\.1).joined()
+    }
+
+    let history = #"{"npcId":"keeper","instructions":"You are Greta.","messages":[],"tools":[{"name":"check_inventory"}],"toolMode":"allowed","schema":null,"options":{},"stepIndex":0"#
+
+    func testAPrewarmConsumesNoScriptStepAndEndsWithADoneEvent() throws {
+        let backend = try ScriptedBackend(config: try JSON.parse(#"{"script":[{"text":"first line"},{"text":"second line"}]}"#))
+        let warm = try events(backend, history + #","prewarm":true}"#)
+        XCTAssertEqual(warm.count, 1)
+        XCTAssertEqual(warm[0].0, EventKind.done)
+        let done = try JSON.parse(warm[0].1)
+        XCTAssertEqual(done["finishReason"]?.string, "prewarmed")
+        XCTAssertEqual(done["usage"], .object(["inputTokens": .int(0), "outputTokens": .int(0), "cachedTokens": .int(0)]))
+
+        let step = #"{"npcId":"keeper","instructions":"You are Greta.","messages":[{"role":"user","content":"Any ale?"}],"toolMode":"allowed"}"#
+        XCTAssertEqual(text(try events(backend, step)), "first line")
+        _ = try events(backend, history + #","prewarm":true}"#)
+        _ = try events(backend, history + #","prewarm":true}"#)
+        XCTAssertEqual(text(try events(backend, step)), "second line")
+        XCTAssertEqual(text(try events(backend, step)), "You said: Any ale?")   // the script is used up
+    }
+
+    func testAPrewarmWithAHistoryEndingInTheNpcsLineIsAccepted() throws {
+        // A prewarm's messages are the history: empty, or ending with the NPC's own line.
+        let backend = try ScriptedBackend(config: try JSON.parse(#"{"script":[{"text":"hello"}]}"#))
+        let request = #"{"npcId":"keeper","instructions":"","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Welcome."}],"toolMode":"disallowed","prewarm":true}"#
+        let warm = try events(backend, request)
+        XCTAssertEqual(warm.map(\.0), [EventKind.done])
+        XCTAssertEqual(text(try events(backend, #"{"messages":[{"role":"user","content":"hi"}]}"#)), "hello")
+    }
+
+    func testPrewarmFalseIsAStep() throws {
+        let backend = try ScriptedBackend(config: try JSON.parse(#"{"script":[{"text":"hello"}]}"#))
+        let out = try events(backend, #"{"messages":[{"role":"user","content":"hi"}],"prewarm":false}"#)
+        XCTAssertEqual(text(out), "hello")
+    }
+}
