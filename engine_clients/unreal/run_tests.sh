@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the engine-agnostic C++ core and its tests with g++ and runs them against the real
-# bridge: framer unit test, scenario.json (tests/scenario_test.cpp), the README quick start
-# (extracted from README.md, so it works as printed). Optional: OAM_SANITIZE=1 runs the tests
-# again under AddressSanitizer + UBSan, OAM_TSAN=1 under ThreadSanitizer (each adds ~50 s of
-# cold build). Objects in .build/ are reused when newer than their sources.
+# bridge: framer unit test, scenario.json (tests/scenario_test.cpp), the README quick start and
+# game-layer example (its two ```cpp blocks, extracted, so they work as printed). Optional:
+# OAM_SANITIZE=1 runs the tests again under AddressSanitizer + UBSan, OAM_TSAN=1 under
+# ThreadSanitizer (each adds ~50 s of cold build). Objects in .build/ are reused when newer than their sources.
 # Bridge command: $OAM_BRIDGE_CMD, default "$ROOT/.venv/bin/python -m bridge --engine scripted",
 # run from the repo root.
 set -u
@@ -21,13 +21,14 @@ FAIL=0
 
 newer_header() { local h; for h in "$CORE"/*.h; do [ "$h" -nt "$1" ] && return 0; done; return 1; }
 
-# build VARIANT EXTRA_FLAGS... -> $BUILD/VARIANT/{framer_test,scenario_test,quickstart}
+# build VARIANT EXTRA_FLAGS... -> $BUILD/VARIANT/{framer_test,scenario_test,quickstart,gamelayer}
 build() {
     local variant=$1; shift
     local out="$BUILD/$variant" pids=() src obj rc=0
     mkdir -p "$out"
     for src in "$CORE"/oam_line_framer.cpp "$CORE"/oam_process.cpp "$CORE"/oam_client.cpp \
-               "$HERE"/tests/framer_test.cpp "$HERE"/tests/scenario_test.cpp "$BUILD"/quickstart.cpp; do
+               "$HERE"/tests/framer_test.cpp "$HERE"/tests/scenario_test.cpp "$BUILD"/quickstart.cpp \
+               "$BUILD"/gamelayer.cpp; do
         obj="$out/$(basename "${src%.cpp}").o"
         if [ "$obj" -nt "$src" ] && [ "$obj" -nt "$HERE/run_tests.sh" ] && ! newer_header "$obj"; then continue; fi
         "$CXX" "${CXXFLAGS[@]}" "$@" -c "$src" -o "$obj" & pids+=($!)
@@ -36,14 +37,20 @@ build() {
     [ $rc -eq 0 ] || return 1
     "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/framer_test.o "$out"/oam_line_framer.o "$out"/oam_process.o -o "$out"/framer_test &&
     "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/scenario_test.o "$out"/oam_*.o -o "$out"/scenario_test &&
-    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/quickstart.o "$out"/oam_*.o -o "$out"/quickstart
+    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/quickstart.o "$out"/oam_*.o -o "$out"/quickstart &&
+    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/gamelayer.o "$out"/oam_*.o -o "$out"/gamelayer
 }
 
-# the README's first ```cpp block, verbatim (rewritten only when it changed)
-awk '/^```cpp$/ {on=1; next} on && /^```$/ {exit} on {print}' "$HERE/README.md" >"$BUILD/quickstart.cpp.new"
-cmp -s "$BUILD/quickstart.cpp.new" "$BUILD/quickstart.cpp" || mv "$BUILD/quickstart.cpp.new" "$BUILD/quickstart.cpp"
-rm -f "$BUILD/quickstart.cpp.new"
-[ -s "$BUILD/quickstart.cpp" ] || { echo "FAIL - no \`\`\`cpp block in README.md"; exit 1; }
+# the README's ```cpp blocks, verbatim (each rewritten only when it changed): 1 quick start, 2 game layer
+extract_block() { # extract_block N NAME
+    awk -v want="$1" '/^```cpp$/ {n++; on = (n == want); next} on && /^```$/ {exit} on {print}' \
+        "$HERE/README.md" >"$BUILD/$2.cpp.new"
+    cmp -s "$BUILD/$2.cpp.new" "$BUILD/$2.cpp" || mv "$BUILD/$2.cpp.new" "$BUILD/$2.cpp"
+    rm -f "$BUILD/$2.cpp.new"
+    [ -s "$BUILD/$2.cpp" ] || { echo "FAIL - no \`\`\`cpp block number $1 ($2) in README.md"; exit 1; }
+}
+extract_block 1 quickstart
+extract_block 2 gamelayer
 
 read -r -a BRIDGE_ARGV <<<"$OAM_BRIDGE_CMD"
 if ! (cd "$ROOT" && command -v "${BRIDGE_ARGV[0]}" >/dev/null); then
@@ -70,13 +77,25 @@ echo "# scenario_test"
 timeout 120 "$BUILD/plain/scenario_test" "$HERE/../scenario.json" || FAIL=1
 echo "# README quick start"
 if [ -n "$OVERRIDDEN" ]; then
-    echo "ok   - quick start skipped (it hard-codes the default command; OAM_BRIDGE_CMD is set)  # SKIP"
+    echo "ok   - quick start and game-layer example skipped (they hard-code the default command; OAM_BRIDGE_CMD is set)  # SKIP"
 else
     qs=$(timeout 60 "$BUILD/plain/quickstart" 2>&1); rc=$?
     if [ $rc -eq 0 ] && grep -q "The north door is open." <<<"$qs" && grep -q '"output":{"opened":"north"}' <<<"$qs"; then
         echo "ok   - README quick start runs as printed (exit 0, tool answered, answer printed)"
     else
         echo "FAIL - README quick start (exit $rc): $qs"; FAIL=1
+    fi
+    gl=$(timeout 60 "$BUILD/plain/gamelayer" 2>&1); rc=$?
+    want=("bram: prewarm, speaker null" "bram: decide, speaker null" "question because It is dark."
+          "fallback: Let's talk about something else." 'bram: respond, speaker "Greta"'
+          "Quiet, Greta. (world revision 4)" "ale price; gate; history of the keep; season; "
+          '{"deleted":true,"revision":5}')
+    missing=""
+    for w in "${want[@]}"; do grep -qxF -- "$w" <<<"$gl" || missing+=" [$w]"; done
+    if [ $rc -eq 0 ] && [ -z "$missing" ]; then
+        echo "ok   - README game-layer example runs as printed (exit 0, every line as commented)"
+    else
+        echo "FAIL - README game-layer example (exit $rc; missing:$missing): $gl"; FAIL=1
     fi
 fi
 

@@ -67,7 +67,126 @@ static void checkTurnShape(const std::string& label, const oam::Turn& turn) {
     check(terminals == 1 && evs.back().isTerminal(), label + ": exactly one terminal event, last", dump(evs));
 }
 
-// Scenario steps 1-10 plus extras.
+// Waits for a turn's outcome: the turn/completed params, or nullopt (reported) on failure or timeout.
+static std::optional<json> finished(const std::string& label, const oam::Turn& turn) {
+    try {
+        auto c = getWithin(turn.completion());
+        if (!c) bad(label + ": no terminal event within 20 s");
+        return c;
+    } catch (const oam::BridgeError& e) {
+        bad(label + ": failed: " + e.code + " " + e.what());
+        return std::nullopt;
+    }
+}
+
+// The params of a step without the listed keys (the rest go to a typed helper as options).
+static json without(json params, std::initializer_list<const char*> keys) {
+    for (const char* k : keys) params.erase(k);
+    return params;
+}
+
+// The game layer's steps (world_set ... world_delete), each with the checks its "expect" describes.
+static void runGameLayer(oam::Client& client) {
+    try {
+        const json set = stepParams("world_set");
+        json r = client.worldSet(set["key"], set["value"], without(set, {"key", "value"})).get();
+        check(r["revision"] == 1, "world_set: revision 1", r.dump());
+
+        const json create = stepParams("create_guard");
+        r = client.createNpc(create).get();
+        check(r["npcId"] == "guard" && r["engine"] == "scripted", "create_guard", r.dump());
+        // expected values come from the guard's script and fallbacks
+        const json decision = create["script"][0]["json"];
+        const std::string fallbackLine = create["fallbacks"]["guardrailViolation"][0];
+        const std::string guardLine = create["script"][2]["text"];
+
+        const json scoped = stepParams("world_set_scoped");
+        r = client.worldSet(scoped["key"], scoped["value"], without(scoped, {"key", "value"})).get();
+        check(r["revision"] == 2, "world_set_scoped: revision 2", r.dump());
+
+        r = client.worldGet(stepParams("world_get_for_npc")["npcId"]).get();
+        const json gate = {{"key", "gate"}, {"value", "closed"}, {"npcIds", nullptr}, {"tags", json::array({"gate"})},
+                           {"lore", false}};
+        check(r["revision"] == 2 && r["facts"] == json::array({gate}),
+              "world_get_for_npc: revision 2, exactly gate=closed (tags [gate], npcIds null, lore false)", r.dump());
+
+        // decide: a decision turn
+        const json d = stepParams("decide");
+        auto turn = client.decide(d["npcId"], d["situation"], d["options"], without(d, {"npcId", "situation", "options"}));
+        auto tid = getWithin(turn->accepted());
+        check(tid && !tid->empty() && turn->kind() == "decide", "decide: result has a turnId", tid.value_or("(none)"));
+        auto c = finished("decide", *turn);
+        checkTurnShape("decide", *turn);
+        auto evs = turn->events();
+        bool onlyJson = true;
+        for (std::size_t i = 1; i + 1 < evs.size(); ++i) onlyJson &= evs[i].method == "turn/partialJson";
+        check(!evs.empty() && evs.front().params.value("kind", "") == "decide", "decide: turn/started kind=decide",
+              dump(evs));
+        check(onlyJson, "decide: only turn/partialJson streams", dump(evs));
+        check(c && (*c)["json"]["choice"] == decision["choice"] && (*c)["json"]["reasoning"] == decision["reasoning"] &&
+                  (*c)["worldRevision"] == 2,
+              "decide: completed json.choice=question, json.reasoning, worldRevision=2", c ? c->dump() : "");
+
+        // guardrail_fallback: the scripted guardrail_violation becomes the fallback line
+        const json g = stepParams("guardrail_fallback");
+        turn = client.respond(g["npcId"], g["prompt"], without(g, {"npcId", "prompt"}));
+        c = finished("guardrail_fallback", *turn);
+        checkTurnShape("guardrail_fallback", *turn);
+        evs = turn->events();
+        check(!evs.empty() && evs.front().params.value("kind", "") == "respond" && evs.front().params["speaker"].is_null(),
+              "guardrail_fallback: turn/started kind=respond, speaker null", dump(evs));
+        bool warned = false;
+        if (c && (*c)["warnings"].is_array() && !(*c)["warnings"].empty() && (*c)["warnings"][0].is_string())
+            warned = (*c)["warnings"][0].get<std::string>().rfind("guardrail_violation", 0) == 0;
+        check(c && (*c)["text"] == fallbackLine && (*c)["finishReason"] == "fallback" && warned &&
+                  turn->text() == fallbackLine,
+              "guardrail_fallback: completed with the fallback line, finishReason fallback, warnings[0] guardrail_violation",
+              c ? c->dump() : "");
+
+        // npc_to_npc: the keeper speaks to the guard (keeper has no persona: its id is its name)
+        const json n = stepParams("npc_to_npc");
+        turn = client.respond(n["npcId"], n["prompt"], without(n, {"npcId", "prompt"}));
+        c = finished("npc_to_npc", *turn);
+        checkTurnShape("npc_to_npc", *turn);
+        evs = turn->events();
+        std::string deltas;
+        for (const auto& e : evs)
+            if (e.method == "turn/textDelta") deltas += e.params["delta"].get<std::string>();
+        check(!evs.empty() && evs.front().params["speaker"] == "keeper" && turn->speaker() == std::string("keeper"),
+              "npc_to_npc: turn/started speaker=keeper, Turn::speaker()", dump(evs));
+        check(c && (*c)["text"] == guardLine && deltas == guardLine, "npc_to_npc: completed text, deltas concatenate",
+              c ? c->dump() : "");
+
+        // prewarm
+        turn = client.prewarm(stepParams("prewarm")["npcId"]);
+        tid = getWithin(turn->accepted());
+        check(tid && !tid->empty() && turn->kind() == "prewarm", "prewarm: result has a turnId", tid.value_or("(none)"));
+        c = finished("prewarm", *turn);
+        checkTurnShape("prewarm", *turn);
+        evs = turn->events();
+        check(evs.size() == 2 && evs[0].params.value("kind", "") == "prewarm" && evs[0].params["prompt"] == "",
+              "prewarm: turn/started kind=prewarm, then turn/completed", dump(evs));
+        check(c && (*c)["finishReason"] == "prewarmed" && (*c)["steps"] == 0 && (*c)["text"] == "",
+              "prewarm: finishReason prewarmed, steps 0, text \"\"", c ? c->dump() : "");
+
+        // set_tags, then the guard sees the tavern's fact too
+        const json t = stepParams("set_tags");
+        r = client.setTags(t["npcId"], t["tags"].get<std::vector<std::string>>()).get();
+        check(r == json::object(), "set_tags: result {}", r.dump());
+        r = client.worldGet(stepParams("world_get_after_tags")["npcId"]).get();
+        std::vector<std::string> keys;
+        for (const auto& f : r["facts"]) keys.push_back(f["key"]);
+        check(keys == std::vector<std::string>{"gate", "weather"}, "world_get_after_tags: gate, weather (sorted by key)",
+              r.dump());
+
+        r = client.worldDelete(stepParams("world_delete")["key"]).get();
+        check(r["revision"] == 3 && r["deleted"] == true, "world_delete: revision 3, deleted", r.dump());
+    } catch (const std::exception& e) {
+        bad(std::string("game layer: ") + e.what());
+    }
+}
+
+// Scenario steps plus extras.
 static void runScenario(const std::vector<std::string>& command) {
     std::mutex logMu;
     std::vector<std::string> stderrLines;
@@ -238,6 +357,9 @@ static void runScenario(const std::vector<std::string>& command) {
     } catch (const std::exception& e) {
         bad(std::string("transcript/restore: ") + e.what());
     }
+
+    // world_set ... world_delete: world facts, a decision, guardrail fallback, NPC-to-NPC, prewarm, tags
+    runGameLayer(client);
 
     // 8. unknown npc
     {

@@ -115,8 +115,9 @@ int rpcCodeFor(const std::string& code) {
 
 // ------------------------------------------------------------------ Turn
 
-Turn::Turn(std::string npcId, Callbacks callbacks)
+Turn::Turn(std::string npcId, Callbacks callbacks, std::string kind)
     : npcId_(std::move(npcId)),
+      kind_(std::move(kind)),
       callbacks_(std::move(callbacks)),
       accepted_(acceptedP_.get_future().share()),
       completion_(completionP_.get_future().share()) {}
@@ -124,6 +125,11 @@ Turn::Turn(std::string npcId, Callbacks callbacks)
 std::string Turn::turnId() const {
     std::lock_guard<std::mutex> lock(mu_);
     return turnId_;
+}
+
+std::optional<std::string> Turn::speaker() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return speaker_;
 }
 
 std::vector<Event> Turn::events() const {
@@ -153,7 +159,10 @@ struct Turn::Access {
     static void record(Turn& t, const Event& ev) {
         std::lock_guard<std::mutex> lock(t.mu_);
         t.events_.push_back(ev);
-        if (ev.method == "turn/textDelta") {
+        if (ev.method == "turn/started") {
+            const auto it = ev.params.find("speaker");
+            if (it != ev.params.end() && it->is_string()) t.speaker_ = it->get<std::string>();
+        } else if (ev.method == "turn/textDelta") {
             const std::string delta = stringField(ev.params, "delta");
             if (boolField(ev.params, "isReset")) t.text_ = delta;
             else t.text_ += delta;
@@ -501,14 +510,12 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         for (auto& kv : t) failTurn(kv.second, err, false);
     }
 
-    std::shared_ptr<Turn> respond(const std::string& npcId, const std::string& prompt, json options,
-                                  Turn::Callbacks callbacks) {
-        auto turn = std::make_shared<Turn>(npcId, std::move(callbacks));
-        json params = options.is_object() ? std::move(options) : json::object();
-        params["npcId"] = npcId;
-        params["prompt"] = prompt;
+    // npc/respond, npc/decide or npc/prewarm: params hold npcId; kind is the method's last part
+    std::shared_ptr<Turn> startTurn(const std::string& kind, json params, Turn::Callbacks callbacks) {
+        auto turn = std::make_shared<Turn>(stringField(params, "npcId"), std::move(callbacks), kind);
+        const std::string method = "npc/" + kind;
         std::weak_ptr<Impl> weak = weak_from_this();
-        send("npc/respond", std::move(params), [weak, turn](Response&& r) {
+        send(method, std::move(params), [weak, turn, method](Response&& r) {
             auto self = weak.lock();
             if (!self) return;
             if (r.error) {
@@ -517,7 +524,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
             }
             const std::string turnId = stringField(r.result, "turnId");
             if (turnId.empty()) {
-                self->failTurn(turn, BridgeError("invalid_response", 0, "npc/respond result without a turnId"), true);
+                self->failTurn(turn, BridgeError("invalid_response", 0, method + " result without a turnId"), true);
                 return;
             }
             std::vector<Event> early;
@@ -757,7 +764,42 @@ std::future<json> Client::createNpc(json params) { return request("npc/create", 
 
 std::shared_ptr<Turn> Client::respond(const std::string& npcId, const std::string& prompt, json options,
                                       Turn::Callbacks callbacks) {
-    return impl_->respond(npcId, prompt, std::move(options), std::move(callbacks));
+    json params = options.is_object() ? std::move(options) : json::object();
+    params["npcId"] = npcId;
+    params["prompt"] = prompt;
+    return impl_->startTurn("respond", std::move(params), std::move(callbacks));
+}
+
+std::shared_ptr<Turn> Client::decide(const std::string& npcId, const std::string& situation, json choices, json extra,
+                                     Turn::Callbacks callbacks) {
+    json params = extra.is_object() ? std::move(extra) : json::object();
+    params["npcId"] = npcId;
+    params["situation"] = situation;
+    params["options"] = std::move(choices);
+    return impl_->startTurn("decide", std::move(params), std::move(callbacks));
+}
+
+std::shared_ptr<Turn> Client::prewarm(const std::string& npcId, Turn::Callbacks callbacks) {
+    return impl_->startTurn("prewarm", {{"npcId", npcId}}, std::move(callbacks));
+}
+
+std::future<json> Client::setTags(const std::string& npcId, const std::vector<std::string>& tags) {
+    return request("npc/setTags", {{"npcId", npcId}, {"tags", tags}});
+}
+
+std::future<json> Client::worldSet(const std::string& key, json value, json scope) {
+    json params = scope.is_object() ? std::move(scope) : json::object();
+    params["key"] = key;
+    params["value"] = std::move(value);
+    return request("world/set", std::move(params));
+}
+
+std::future<json> Client::worldDelete(const std::string& key) { return request("world/delete", {{"key", key}}); }
+
+std::future<json> Client::worldGet(const std::string& npcId) {
+    json params = json::object();
+    if (!npcId.empty()) params["npcId"] = npcId;
+    return request("world/get", std::move(params));
 }
 
 std::future<json> Client::submitOutput(const std::string& npcId, const std::string& callId, json output) {

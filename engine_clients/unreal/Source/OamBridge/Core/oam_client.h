@@ -96,10 +96,14 @@ using FutureToolHandler = std::function<std::future<json>(const ToolCall& call)>
 
 class Client;
 
-// One npc/respond: the events it streamed so far and its outcome. Thread-safe.
+// One turn (npc/respond, npc/decide or npc/prewarm): the events it streamed so far and its
+// outcome. Thread-safe.
 class Turn {
 public:
     const std::string& npcId() const { return npcId_; }
+    const std::string& kind() const { return kind_; }     // "respond", "decide" or "prewarm": the method
+    // Who said the prompt (turn/started "speaker"): nullopt for the player, or before turn/started.
+    std::optional<std::string> speaker() const;
     std::string turnId() const;                           // "" until the bridge accepted the turn
     std::shared_future<std::string> accepted() const { return accepted_; }  // turnId, or throws BridgeError
     // The turn/completed params, or throws BridgeError (turn/failed, request error, transport).
@@ -109,18 +113,19 @@ public:
     std::string text() const;                             // text so far (textDelta, honouring isReset)
     bool finished() const;
 
-    // Internal; use Client::respond.
+    // Internal; use Client::respond, decide or prewarm.
     struct Callbacks {
         EventHandler onEvent;                             // each event of this turn
         std::function<void(const Turn&)> onFinished;      // once; completion() is ready then
     };
-    Turn(std::string npcId, Callbacks callbacks);
+    Turn(std::string npcId, Callbacks callbacks, std::string kind = "respond");
 
 private:
     friend class Client;
     struct Access;
     mutable std::mutex mu_;
-    std::string npcId_, turnId_, text_;
+    std::string npcId_, kind_, turnId_, text_;
+    std::optional<std::string> speaker_;
     std::vector<Event> events_;
     bool finished_ = false;
     Callbacks callbacks_;
@@ -161,10 +166,25 @@ public:
     // Typed helpers, one per protocol method.
     std::future<json> initialize(const std::string& clientName = "oam-cpp", const std::string& clientVersion = "1",
                                  int protocolVersion = 1);
-    std::future<json> createNpc(json params);  // npc/create params (npcId, instructions, tools, ...)
-    // npc/respond; options are the other params (toolChoice, schema, maxToolRounds, ...).
+    // npc/create params (npcId, instructions, persona, tools, tags, fallbacks, ...)
+    std::future<json> createNpc(json params);
+    // npc/respond; options are the other params (toolChoice, schema, maxToolRounds, speaker,
+    // guardrail, ...).
     std::shared_ptr<Turn> respond(const std::string& npcId, const std::string& prompt, json options = json::object(),
                                   Turn::Callbacks callbacks = {});
+    // npc/decide: the NPC picks one of choices ([{"name", "description", "parameters"?}, ...]);
+    // extra: {"reasoning": bool, "remember": bool}. The turn's completion()["json"] is
+    // {"reasoning", "choice", "arguments"?}.
+    std::shared_ptr<Turn> decide(const std::string& npcId, const std::string& situation, json choices,
+                                 json extra = json::object(), Turn::Callbacks callbacks = {});
+    // npc/prewarm: a turn that prepares the NPC; completes with finishReason "prewarmed", steps 0.
+    std::shared_ptr<Turn> prewarm(const std::string& npcId, Turn::Callbacks callbacks = {});
+    std::future<json> setTags(const std::string& npcId, const std::vector<std::string>& tags);  // npc/setTags
+    // world/set; scope: {"tags": [...], "npcIds": [...], "lore": bool}, empty: every NPC, not lore.
+    // The result is {"revision"}.
+    std::future<json> worldSet(const std::string& key, json value, json scope = json::object());
+    std::future<json> worldDelete(const std::string& key);      // {"revision", "deleted"}
+    std::future<json> worldGet(const std::string& npcId = "");  // {"revision", "facts"}; npcId: what it sees
     std::future<json> submitOutput(const std::string& npcId, const std::string& callId, json output);
     std::future<json> submitError(const std::string& npcId, const std::string& callId, const std::string& error);
     std::future<json> cancel(const std::string& npcId);

@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "oam_client.h"
 #include "oam_process.h"
@@ -42,6 +44,37 @@ FString Dump(const oam::json& J)
 std::string Str(const oam::json& Params, const char* Key)
 {
 	return oam::stringField(Params, Key);
+}
+
+std::vector<std::string> ToStdList(const TArray<FString>& Strings)
+{
+	std::vector<std::string> Out;
+	for (const FString& S : Strings)
+	{
+		Out.push_back(ToStd(S));
+	}
+	return Out;
+}
+
+// The result of a request waited for on the game thread, or nullopt (logged) after the timeout or
+// on an error. The future is settled on the reader thread, never the game thread, so waiting is safe.
+std::optional<oam::json> WaitResult(std::future<oam::json> F, float TimeoutSeconds, const FString& What)
+{
+	const auto Timeout = std::chrono::milliseconds(static_cast<long long>(TimeoutSeconds * 1000.f));
+	if (F.wait_for(Timeout) != std::future_status::ready)
+	{
+		UE_LOG(LogOamBridge, Warning, TEXT("%s: timed out"), *What);
+		return std::nullopt;
+	}
+	try
+	{
+		return F.get();
+	}
+	catch (const oam::BridgeError& E)
+	{
+		UE_LOG(LogOamBridge, Warning, TEXT("%s: %s"), *What, UTF8_TO_TCHAR(E.what()));
+		return std::nullopt;
+	}
 }
 }  // namespace
 
@@ -92,6 +125,12 @@ void UOamBridgeSubsystem::Initialize(FSubsystemCollectionBase& Collection)
 	}
 	UE_LOG(LogOamBridge, Log, TEXT("started the bridge: %s (pid %ld) in %s"), *Command, Client->pid(), *Dir);
 
+	Client->on("turn/started", [this](const oam::Event& E)
+		{
+			OnTurnStarted.Broadcast(ToFString(E.npcId()), ToFString(E.turnId()),
+				ToFString(oam::stringField(E.params, "kind", "respond")), ToFString(Str(E.params, "speaker")),
+				ToFString(Str(E.params, "prompt")));
+		});
 	Client->on("turn/textDelta", [this](const oam::Event& E)
 		{
 			OnTextDelta.Broadcast(ToFString(E.npcId()), ToFString(E.turnId()), ToFString(Str(E.params, "delta")),
@@ -153,7 +192,49 @@ bool UOamBridgeSubsystem::CreateNpc(const FString& NpcId, const FString& Instruc
 	return true;
 }
 
+// OnDecision (decide turns), OnTurnCompleted or OnTurnFailed when a turn ends; on the game thread,
+// only while Self is alive (the dispatcher checks).
+static oam::Turn::Callbacks TurnCallbacks(UOamBridgeSubsystem* Self)
+{
+	oam::Turn::Callbacks Callbacks;
+	Callbacks.onFinished = [Self](const oam::Turn& Turn)
+	{
+		const FString Npc = ToFString(Turn.npcId());
+		const FString TurnId = ToFString(Turn.turnId());
+		try
+		{
+			const oam::json Completed = Turn.completion().get();
+			if (Turn.kind() == "decide")
+			{
+				const oam::json Answer = Completed.contains("json") ? Completed["json"] : oam::json();
+				const bool bHasArguments = Answer.is_object() && Answer.contains("arguments");
+				Self->OnDecision.Broadcast(Npc, TurnId, ToFString(Str(Answer, "choice")), ToFString(Str(Answer, "reasoning")),
+					bHasArguments ? Dump(Answer["arguments"]) : FString());
+			}
+			Self->OnTurnCompleted.Broadcast(Npc, TurnId, ToFString(Str(Completed, "text")), Dump(Completed),
+				ToFString(Str(Completed, "finishReason")), static_cast<int32>(oam::intField(Completed, "worldRevision")));
+		}
+		catch (const oam::BridgeError& E)
+		{
+			Self->OnTurnFailed.Broadcast(Npc, TurnId, ToFString(E.code), UTF8_TO_TCHAR(E.what()));
+		}
+	};
+	return Callbacks;
+}
+
 bool UOamBridgeSubsystem::Respond(const FString& NpcId, const FString& Prompt, const FString& OptionsJson)
+{
+	return StartRespond(NpcId, Prompt, OptionsJson, FString());
+}
+
+bool UOamBridgeSubsystem::RespondToSpeaker(const FString& NpcId, const FString& Speaker, const FString& Prompt,
+	const FString& OptionsJson)
+{
+	return StartRespond(NpcId, Prompt, OptionsJson, Speaker);
+}
+
+bool UOamBridgeSubsystem::StartRespond(const FString& NpcId, const FString& Prompt, const FString& OptionsJson,
+	const FString& Speaker)
 {
 	oam::json Options = ParseJson(OptionsJson, oam::json::object());
 	if (!Client || !Options.is_object())
@@ -161,22 +242,149 @@ bool UOamBridgeSubsystem::Respond(const FString& NpcId, const FString& Prompt, c
 		UE_LOG(LogOamBridge, Warning, TEXT("Respond(%s): no bridge, or OptionsJson is not a JSON object"), *NpcId);
 		return false;
 	}
-	oam::Turn::Callbacks Callbacks;
-	Callbacks.onFinished = [this](const oam::Turn& Turn)
+	if (!Speaker.IsEmpty())
 	{
-		const FString Npc = ToFString(Turn.npcId());
-		const FString TurnId = ToFString(Turn.turnId());
-		try
+		Options["speaker"] = ToStd(Speaker);
+	}
+	if (!DefaultGuardrail.IsEmpty() && !Options.contains("guardrail"))
+	{
+		Options["guardrail"] = ToStd(DefaultGuardrail);
+	}
+	Client->respond(ToStd(NpcId), ToStd(Prompt), std::move(Options), TurnCallbacks(this));
+	return true;
+}
+
+bool UOamBridgeSubsystem::Decide(const FString& NpcId, const FString& Situation, const FString& OptionsJson,
+	bool bReasoning, bool bRemember)
+{
+	oam::json Options = ParseJson(OptionsJson, oam::json());
+	if (!Client || !Options.is_array())
+	{
+		UE_LOG(LogOamBridge, Warning, TEXT("Decide(%s): no bridge, or OptionsJson is not a JSON array of options"), *NpcId);
+		return false;
+	}
+	Client->decide(ToStd(NpcId), ToStd(Situation), std::move(Options), {{"reasoning", bReasoning}, {"remember", bRemember}},
+		TurnCallbacks(this));
+	return true;
+}
+
+bool UOamBridgeSubsystem::Prewarm(const FString& NpcId)
+{
+	if (!Client)
+	{
+		return false;
+	}
+	Client->prewarm(ToStd(NpcId), TurnCallbacks(this));
+	return true;
+}
+
+bool UOamBridgeSubsystem::SetTags(const FString& NpcId, const TArray<FString>& Tags)
+{
+	if (!Client)
+	{
+		return false;
+	}
+	Client->request("npc/setTags", {{"npcId", ToStd(NpcId)}, {"tags", ToStdList(Tags)}},
+		[](const oam::Response& R) { LogIfFailed("npc/setTags", R); });
+	return true;
+}
+
+// world/set with these params (key, value, scope); OnWorldChanged when it succeeded.
+static void SendWorldSet(UOamBridgeSubsystem* Self, oam::json Params)
+{
+	const FString Key = ToFString(Str(Params, "key"));
+	Self->GetClient()->request("world/set", std::move(Params), [Self, Key](const oam::Response& R)
 		{
-			const oam::json Completed = Turn.completion().get();
-			OnTurnCompleted.Broadcast(Npc, TurnId, ToFString(Str(Completed, "text")), Dump(Completed));
-		}
-		catch (const oam::BridgeError& E)
+			LogIfFailed("world/set", R);
+			if (R.ok())
+			{
+				Self->OnWorldChanged.Broadcast(Key, static_cast<int32>(oam::intField(R.result, "revision")));
+			}
+		});
+}
+
+static oam::json WorldSetParams(const FString& Key, oam::json Value, const TArray<FString>& Tags,
+	const TArray<FString>& NpcIds, bool bLore)
+{
+	oam::json Params = {{"key", ToStd(Key)}, {"value", std::move(Value)}};
+	if (Tags.Num() > 0)
+	{
+		Params["tags"] = ToStdList(Tags);
+	}
+	if (NpcIds.Num() > 0)
+	{
+		Params["npcIds"] = ToStdList(NpcIds);
+	}
+	if (bLore)
+	{
+		Params["lore"] = true;
+	}
+	return Params;
+}
+
+bool UOamBridgeSubsystem::SetWorldFact(const FString& Key, const FString& Value, const TArray<FString>& Tags,
+	const TArray<FString>& NpcIds, bool bLore)
+{
+	if (!Client)
+	{
+		return false;
+	}
+	SendWorldSet(this, WorldSetParams(Key, oam::json(ToStd(Value)), Tags, NpcIds, bLore));
+	return true;
+}
+
+bool UOamBridgeSubsystem::SetWorldFactJson(const FString& Key, const FString& ValueJson, const TArray<FString>& Tags,
+	const TArray<FString>& NpcIds, bool bLore)
+{
+	oam::json Value = ParseJson(ValueJson, nullptr);
+	if (!Client || Value.is_discarded() || Value.is_null())
+	{
+		UE_LOG(LogOamBridge, Warning, TEXT("SetWorldFactJson(%s): no bridge, or ValueJson is not JSON (or null: use DeleteWorldFact)"), *Key);
+		return false;
+	}
+	SendWorldSet(this, WorldSetParams(Key, std::move(Value), Tags, NpcIds, bLore));
+	return true;
+}
+
+bool UOamBridgeSubsystem::DeleteWorldFact(const FString& Key)
+{
+	if (!Client)
+	{
+		return false;
+	}
+	Client->request("world/delete", {{"key", ToStd(Key)}}, [this, Key](const oam::Response& R)
 		{
-			OnTurnFailed.Broadcast(Npc, TurnId, ToFString(E.code), UTF8_TO_TCHAR(E.what()));
-		}
-	};
-	Client->respond(ToStd(NpcId), ToStd(Prompt), std::move(Options), std::move(Callbacks));
+			LogIfFailed("world/delete", R);
+			if (R.ok() && oam::boolField(R.result, "deleted"))
+			{
+				OnWorldChanged.Broadcast(Key, static_cast<int32>(oam::intField(R.result, "revision")));
+			}
+		});
+	return true;
+}
+
+FString UOamBridgeSubsystem::GetWorld(const FString& NpcId)
+{
+	if (!Client)
+	{
+		return FString();
+	}
+	const std::optional<oam::json> R = WaitResult(Client->worldGet(ToStd(NpcId)), RequestTimeoutSeconds, TEXT("GetWorld"));
+	return R ? Dump(*R) : FString();
+}
+
+bool UOamBridgeSubsystem::RestoreWorld(const FString& WorldJson)
+{
+	const oam::json World = ParseJson(WorldJson, nullptr);
+	if (!Client || !World.is_object() || !World.contains("facts") || !World["facts"].is_array())
+	{
+		UE_LOG(LogOamBridge, Warning, TEXT("RestoreWorld: no bridge, or WorldJson is not GetWorld's {\"facts\": [...]}"));
+		return false;
+	}
+	for (const oam::json& Fact : World["facts"])
+	{
+		SendWorldSet(this, Fact);  // a fact's fields are world/set's params: key, value, npcIds, tags, lore
+	}
 	return true;
 }
 
@@ -220,23 +428,9 @@ FString UOamBridgeSubsystem::SaveTranscript(const FString& NpcId)
 	{
 		return FString();
 	}
-	// The future is settled on the reader thread, never the game thread, so waiting here is safe.
-	std::future<oam::json> F = Client->transcript(ToStd(NpcId));
-	const auto Timeout = std::chrono::milliseconds(static_cast<long long>(RequestTimeoutSeconds * 1000.f));
-	if (F.wait_for(Timeout) != std::future_status::ready)
-	{
-		UE_LOG(LogOamBridge, Warning, TEXT("SaveTranscript(%s): timed out"), *NpcId);
-		return FString();
-	}
-	try
-	{
-		return Dump(F.get());
-	}
-	catch (const oam::BridgeError& E)
-	{
-		UE_LOG(LogOamBridge, Warning, TEXT("SaveTranscript(%s): %s"), *NpcId, UTF8_TO_TCHAR(E.what()));
-		return FString();
-	}
+	const std::optional<oam::json> R = WaitResult(Client->transcript(ToStd(NpcId)), RequestTimeoutSeconds,
+		FString(TEXT("SaveTranscript ")) + NpcId);
+	return R ? Dump(*R) : FString();
 }
 
 bool UOamBridgeSubsystem::RestoreTranscript(const FString& SaveJson, const FString& NpcId)
@@ -247,24 +441,14 @@ bool UOamBridgeSubsystem::RestoreTranscript(const FString& SaveJson, const FStri
 		UE_LOG(LogOamBridge, Warning, TEXT("RestoreTranscript: no bridge, or SaveJson is not a JSON object"));
 		return false;
 	}
-	std::future<oam::json> F = Client->restore(std::move(Save), ToStd(NpcId));
-	const auto Timeout = std::chrono::milliseconds(static_cast<long long>(RequestTimeoutSeconds * 1000.f));
-	if (F.wait_for(Timeout) != std::future_status::ready)
+	const std::optional<oam::json> R = WaitResult(Client->restore(std::move(Save), ToStd(NpcId)), RequestTimeoutSeconds,
+		TEXT("RestoreTranscript"));
+	if (!R)
 	{
-		UE_LOG(LogOamBridge, Warning, TEXT("RestoreTranscript: timed out"));
 		return false;
 	}
-	try
-	{
-		const oam::json R = F.get();
-		UE_LOG(LogOamBridge, Log, TEXT("restored %s with %d turns"), *ToFString(Str(R, "npcId")), static_cast<int>(oam::intField(R, "turns")));
-		return true;
-	}
-	catch (const oam::BridgeError& E)
-	{
-		UE_LOG(LogOamBridge, Warning, TEXT("RestoreTranscript: %s"), UTF8_TO_TCHAR(E.what()));
-		return false;
-	}
+	UE_LOG(LogOamBridge, Log, TEXT("restored %s with %d turns"), *ToFString(Str(*R, "npcId")), static_cast<int>(oam::intField(*R, "turns")));
+	return true;
 }
 
 bool UOamBridgeSubsystem::IsBridgeRunning() const

@@ -14,13 +14,25 @@ namespace oam
 class Client;
 }
 
-// All four are broadcast on the game thread.
+// All are broadcast on the game thread.
+// Kind: "respond", "decide" or "prewarm" (the method that started the turn). Speaker: who said the
+// prompt, empty for the player.
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_FiveParams(FOamTurnStartedSignature, const FString&, NpcId, const FString&, TurnId,
+	const FString&, Kind, const FString&, Speaker, const FString&, Prompt);
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_FourParams(FOamTextDeltaSignature, const FString&, NpcId, const FString&, TurnId,
 	const FString&, Delta, bool, bIsReset);
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_FiveParams(FOamToolCallRequestedSignature, const FString&, NpcId,
 	const FString&, TurnId, const FString&, CallId, const FString&, ToolName, const FString&, ArgumentsJson);
-DECLARE_DYNAMIC_MULTICAST_DELEGATE_FourParams(FOamTurnCompletedSignature, const FString&, NpcId, const FString&,
-	TurnId, const FString&, Text, const FString&, CompletedJson);
+// FinishReason: "stop", "length", "fallback", "retried_as_text", "prewarmed", ...; WorldRevision: the
+// world revision the turn's last model step saw.
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_SixParams(FOamTurnCompletedSignature, const FString&, NpcId, const FString&,
+	TurnId, const FString&, Text, const FString&, CompletedJson, const FString&, FinishReason, int32, WorldRevision);
+// A completed npc/decide: Choice is one of the options; Reasoning empty when not asked for;
+// ArgumentsJson "" for an option without parameters.
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_FiveParams(FOamDecisionSignature, const FString&, NpcId, const FString&, TurnId,
+	const FString&, Choice, const FString&, Reasoning, const FString&, ArgumentsJson);
+// world/set or a world/delete that deleted: the world's revision after the change.
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_TwoParams(FOamWorldChangedSignature, const FString&, Key, int32, Revision);
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_FourParams(FOamTurnFailedSignature, const FString&, NpcId, const FString&, TurnId,
 	const FString&, Code, const FString&, Message);
 
@@ -40,9 +52,45 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "ExtraParamsJson"))
 	bool CreateNpc(const FString& NpcId, const FString& Instructions, const FString& ExtraParamsJson = TEXT(""));
 
-	/** npc/respond. Streams OnTextDelta / OnToolCallRequested, then OnTurnCompleted or OnTurnFailed (also when the request is refused, with an empty TurnId). */
+	/** npc/respond. Streams OnTurnStarted / OnTextDelta / OnToolCallRequested, then OnTurnCompleted or OnTurnFailed (also when the request is refused, with an empty TurnId). OptionsJson: further params, e.g. {"guardrail":"fallback"}; without "guardrail", DefaultGuardrail applies. */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "OptionsJson"))
 	bool Respond(const FString& NpcId, const FString& Prompt, const FString& OptionsJson = TEXT(""));
+
+	/** npc/respond with a speaker: Speaker (another NPC's id, or any name) says Prompt to NpcId, which answers. OnTurnStarted reports the speaker's name. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "OptionsJson"))
+	bool RespondToSpeaker(const FString& NpcId, const FString& Speaker, const FString& Prompt, const FString& OptionsJson = TEXT(""));
+
+	/** npc/decide: the NPC picks one of OptionsJson ([{"name","description","parameters"?}, ...]) for Situation. Streams OnTurnStarted (Kind "decide"), then OnDecision and OnTurnCompleted, or OnTurnFailed. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "bReasoning,bRemember"))
+	bool Decide(const FString& NpcId, const FString& Situation, const FString& OptionsJson, bool bReasoning = true, bool bRemember = false);
+
+	/** npc/prewarm: prepares the NPC before the player reaches it. Ends with OnTurnCompleted (FinishReason "prewarmed"). */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
+	bool Prewarm(const FString& NpcId);
+
+	/** npc/setTags: replaces the NPC's tags; world facts scoped by tag follow from its next model step. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
+	bool SetTags(const FString& NpcId, const TArray<FString>& Tags);
+
+	/** world/set with a text value. Tags and NpcIds both empty: every NPC sees it. bLore: recalled with the bridge's recall tool instead of shown in every prompt. OnWorldChanged follows. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AutoCreateRefTerm = "Tags,NpcIds", AdvancedDisplay = "NpcIds,bLore"))
+	bool SetWorldFact(const FString& Key, const FString& Value, const TArray<FString>& Tags, const TArray<FString>& NpcIds, bool bLore = false);
+
+	/** world/set with a JSON value (ValueJson: any JSON but null), e.g. {"rain":true}. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AutoCreateRefTerm = "Tags,NpcIds", AdvancedDisplay = "NpcIds,bLore"))
+	bool SetWorldFactJson(const FString& Key, const FString& ValueJson, const TArray<FString>& Tags, const TArray<FString>& NpcIds, bool bLore = false);
+
+	/** world/delete. OnWorldChanged follows when there was such a fact. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
+	bool DeleteWorldFact(const FString& Key);
+
+	/** world/get as JSON text ({"revision","facts"}; "" on failure): every fact, or those NpcId sees. For save games. Blocks up to RequestTimeoutSeconds. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
+	FString GetWorld(const FString& NpcId = TEXT(""));
+
+	/** Sets every fact of GetWorld's text again (after loading a save). */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
+	bool RestoreWorld(const FString& WorldJson);
 
 	/** npc/submit with an output (OutputJson: any JSON value). */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
@@ -68,6 +116,9 @@ public:
 	bool IsBridgeRunning() const;
 
 	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
+	FOamTurnStartedSignature OnTurnStarted;
+
+	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
 	FOamTextDeltaSignature OnTextDelta;
 
 	/** Answer with SubmitToolOutput / SubmitToolError, unless a C++ handler is registered for the tool (GetClient()->registerTool), which answers by itself. */
@@ -80,6 +131,12 @@ public:
 	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
 	FOamTurnFailedSignature OnTurnFailed;
 
+	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
+	FOamDecisionSignature OnDecision;
+
+	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
+	FOamWorldChangedSignature OnWorldChanged;
+
 	/** The bridge command line; the environment variable OAM_BRIDGE_CMD overrides it. */
 	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
 	FString BridgeCommand = TEXT("python -m bridge");
@@ -91,10 +148,16 @@ public:
 	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
 	float RequestTimeoutSeconds = 5.f;
 
+	/** The guardrail policy of Respond and RespondToSpeaker when OptionsJson has none: "fail", "fallback" (the NPC's fallback line), "retry"; empty: the bridge's default ("fail"). */
+	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
+	FString DefaultGuardrail;
+
 	/** The core client for C++ (tool handlers, other methods); null when the bridge did not start. */
 	oam::Client* GetClient() const { return Client.Get(); }
 
 private:
+	bool StartRespond(const FString& NpcId, const FString& Prompt, const FString& OptionsJson, const FString& Speaker);
+
 	TUniquePtr<oam::Client> Client;
 	bool bClosing = false;
 };
