@@ -401,7 +401,9 @@ def decision_prompt(p: m.DecideParams) -> str:
     return "\n".join(lines)
 
 
-REASONING_FIELD = {"type": "string", "description": "why, in one short sentence, before choosing"}
+# "x-oam-prose": a hint for the llama grammar (a sentence of words; see its _grammar.py),
+# ignored by validation and by the other engines.
+REASONING_FIELD = {"type": "string", "description": "why, in one short sentence, before choosing", "x-oam-prose": True}
 
 
 def decision_schema(p: m.DecideParams) -> dict[str, Any]:

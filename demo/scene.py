@@ -1,9 +1,12 @@
 """A short tavern scene, played through the real oam-bridge subprocess.
 
-The game side of the protocol in ~100 lines: start the bridge, create an NPC with a persona
-and a game-executed tool, stream the keeper's words, answer the tool call as the game
-would, then print the transcript. Uses the default engine (``auto``: Apple's model on a
-Mac, else the bundled llama.cpp model); ``--engine scripted`` plays a fixed script.
+The game side of the protocol: start the bridge, create an NPC with a persona and a
+game-executed tool, stream the keeper's words, answer the tool call as the game would, print
+the transcript; then the game layer: a world fact both NPCs know, the guard prewarmed before
+the player reaches him, the keeper and the guard trading lines about the fact (NPC-to-NPC),
+and the guard deciding what to do when a stranger comes to the gate. Uses the default engine
+(``auto``: Apple's model on a Mac, else the bundled llama.cpp model); ``--engine scripted``
+plays fixed scripts.
 """
 
 from __future__ import annotations
@@ -28,6 +31,19 @@ TOOLS = [
     }
 ]
 LINES = [("Good evening! What's your name?", "none"), ("Do you have any ale left?", "required")]
+FACT = ("storm", "A storm is coming from the north tonight.")
+GUARD = {"name": "Bram", "role": "the guard at the village gate", "traits": ["watchful", "blunt"], "speechStyle": "Short, plain sentences."}
+OPENER = "Evening, Greta. What do you make of the weather tonight?"  # the game's line for Bram
+GUARD_SCRIPT = [
+    {"text": "Then I'll bar the north gate early."},
+    {"json": {"reasoning": "A stranger before a storm could be trouble.", "choice": "question"}},
+]
+GRETA_TALK_SCRIPT = [{"text": "A storm is coming from the north tonight, Bram."}, {"text": "Good. Come in for stew after."}]
+OPTIONS = [
+    {"name": "let_in", "description": "open the gate and let the stranger in"},
+    {"name": "question", "description": "ask the stranger who they are first"},
+    {"name": "ring_bell", "description": "ring the alarm bell"},
+]
 
 
 class Bridge:
@@ -60,6 +76,66 @@ class Bridge:
         raise EOFError
 
 
+def play(bridge: Bridge, npc: str, name: str, method: str, params: dict) -> dict:
+    """Run one turn (``npc/respond`` or ``npc/decide``), print its words as they stream,
+    answer its tool calls as the game would; return ``turn/completed``'s params."""
+    turn = bridge.call(method, params)["turnId"]
+    if method == "npc/respond":
+        print(f"{name}:  ".ljust(8), end="", flush=True)
+    for msg in bridge.messages():
+        p = msg.get("params", {})
+        if p.get("turnId") != turn:
+            continue
+        if msg["method"] == "turn/textDelta":
+            if p["isReset"]:
+                print("\n        ", end="")
+            print(p["delta"], end="", flush=True)
+        elif msg["method"] == "turn/toolCallRequested":
+            item = p["arguments"].get("item", "")
+            count = INVENTORY.get(item, 0)
+            print(f"\n  [game] {p['name']}({json.dumps(p['arguments'])}) -> {count} in stock")
+            bridge.send("npc/submit", {"npcId": npc, "callId": p["callId"], "output": {"item": item, "inStock": count}})
+            print(f"{name}:  ".ljust(8), end="", flush=True)
+        elif msg["method"] == "turn/completed":
+            tail = f", world revision {p['worldRevision']}" if p["worldRevision"] else ""
+            print(f"\n  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), {p['usage']['outputTokens']} tokens out{tail}]\n")
+            return p
+        elif msg["method"] == "turn/failed":
+            print(f"\n  [turn failed: {p['error']['code']}: {p['error']['message']}]\n")
+            return {}
+    raise EOFError
+
+
+def game_layer(bridge: Bridge, engine: str, options: dict) -> None:
+    """A world fact, a prewarmed second NPC, two NPCs talking about the fact, a decision."""
+    print("\n--- the game layer ---")
+    rev = bridge.call("world/set", {"key": FACT[0], "value": FACT[1], "tags": ["village"]})["revision"]
+    print(f"[game] world/set {FACT[0]!r} = {FACT[1]!r} (tag village) -> revision {rev}")
+    bridge.call("npc/setTags", {"npcId": "greta", "tags": ["village", "tavern"]})
+    guard: dict = {"npcId": "bram", "persona": GUARD, "tags": ["village", "gate"], "options": options}
+    if engine == "scripted":
+        guard["script"], guard["engine"] = GUARD_SCRIPT, "scripted"
+    bridge.call("npc/create", guard)
+    warm = bridge.call("npc/prewarm", {"npcId": "bram"})["turnId"]
+    for msg in bridge.messages():
+        if msg.get("params", {}).get("turnId") == warm and msg["method"] in ("turn/completed", "turn/failed"):
+            print(f"[game] npc/prewarm bram -> {msg['params'].get('finishReason', 'failed')}")
+            break
+    facts = bridge.call("world/get", {"npcId": "bram"})["facts"]
+    print("[game] what Bram knows:", "; ".join(f"{f['key']}: {f['value']}" for f in facts), "\n")
+    # NPC-to-NPC: the game gives Bram an opening line; then each NPC's line is the other's
+    # prompt, said by that NPC (speaker).
+    print(f"Bram:   {OPENER}\n  [the game's line]\n")
+    said = {"text": OPENER}
+    for npc, name, other in (("greta", "Greta", "bram"), ("bram", "Bram", "greta"), ("greta", "Greta", "bram")):
+        said = play(bridge, npc, name, "npc/respond", {"npcId": npc, "prompt": said.get("text", ""), "speaker": other, "toolChoice": "none"})
+    print("[game] a hooded stranger walks up to the gate. npc/decide bram:")
+    decision = play(bridge, "bram", "Bram", "npc/decide", {"npcId": "bram", "situation": "A hooded stranger walks up to the village gate just before the storm.", "options": OPTIONS})
+    if decision:
+        answer = decision["json"]
+        print(f"[game] Bram chose {answer['choice']!r} because: {answer.get('reasoning', '')}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", default="auto")
@@ -73,33 +149,12 @@ def main() -> int:
         args.engine = "scripted"
     create: dict = {"npcId": "greta", "persona": {"name": "Greta", "role": "the keeper of the Rusty Flagon tavern", "traits": ["gruff", "warm-hearted"], "speechStyle": "Short, plain sentences."}, "tools": TOOLS, "options": {"temperature": 0.0, "maxTokens": 60, "seed": 7}}
     if args.engine == "scripted":
-        create["script"], create["engine"] = SCRIPT, "scripted"
+        create["script"], create["engine"] = SCRIPT + GRETA_TALK_SCRIPT, "scripted"
     npc = bridge.call("npc/create", create)
     print(f"NPC greta on engine {npc['engine']} (context {npc['contextSize']} tokens)\n")
     for line, choice in LINES:
         print(f"Player: {line}")
-        turn = bridge.call("npc/respond", {"npcId": "greta", "prompt": line, "toolChoice": choice, "maxToolRounds": 1})["turnId"]
-        print("Greta:  ", end="", flush=True)
-        for msg in bridge.messages():
-            p = msg.get("params", {})
-            if p.get("turnId") != turn:
-                continue
-            if msg["method"] == "turn/textDelta":
-                if p["isReset"]:
-                    print("\n        ", end="")
-                print(p["delta"], end="", flush=True)
-            elif msg["method"] == "turn/toolCallRequested":
-                item = p["arguments"].get("item", "")
-                count = INVENTORY.get(item, 0)
-                print(f"\n  [game] {p['name']}({json.dumps(p['arguments'])}) -> {count} in stock")
-                bridge.send("npc/submit", {"npcId": "greta", "callId": p["callId"], "output": {"item": item, "inStock": count}})
-                print("Greta:  ", end="", flush=True)
-            elif msg["method"] == "turn/completed":
-                print(f"\n  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), {p['usage']['outputTokens']} tokens out]\n")
-                break
-            elif msg["method"] == "turn/failed":
-                print(f"\n  [turn failed: {p['error']['code']}: {p['error']['message']}]\n")
-                break
+        play(bridge, "greta", "Greta", "npc/respond", {"npcId": "greta", "prompt": line, "toolChoice": choice, "maxToolRounds": 1})
     save = bridge.call("npc/transcript", {"npcId": "greta"})
     print("Transcript (what the game would store in its save file):")
     for turn in save["turns"]:
@@ -113,6 +168,7 @@ def main() -> int:
                     print(f"  greta    : calls {c['name']}({json.dumps(c['arguments'])})")
             else:
                 print(f"  greta    : {m['content']}")
+    game_layer(bridge, args.engine, create["options"])
     bridge.call("shutdown", {})
     bridge.p.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "exit"}) + "\n")
     bridge.p.stdin.close()

@@ -107,3 +107,33 @@ def test_a_sentence_that_nearly_repeats_an_earlier_one_ends_the_line() -> None:
 def test_short_sentences_with_common_words_are_not_taken_for_repeats() -> None:
     _, text, _ = play(["Aye", ".", " Aye", " then", ".", " Sit", " down", "."])
     assert text == "Aye. Aye then. Sit down."
+
+
+def play_unlabel(pieces: list[str]) -> tuple[list[str], str]:
+    line = SpokenLine(soft_tokens=1000, unlabel=True)
+    shown = [line.feed(piece, n) for n, piece in enumerate(pieces, 1)]
+    shown.append(line.end(cut=False))
+    return shown, "".join(shown)
+
+
+def test_a_speaker_label_the_model_copies_is_dropped_with_its_quote_marks() -> None:
+    # the prompt renders other NPCs' lines as "Name: line"; a small model answers in kind
+    assert play_unlabel(["Bram", ":", " The", " storm", " is", " here", "."])[1] == "The storm is here."
+    assert play_unlabel(["Old", " Tom", ":", ' "', "Aye", ",", " lad", '."'])[1] == "Aye, lad."
+    assert play_unlabel(["Greta", ":", " Bram", ":", " Hm", "."])[1] == "Hm.", "label after label"
+
+
+def test_without_a_label_the_first_words_are_held_only_while_they_could_be_one() -> None:
+    shown, text = play_unlabel(["Greta", ",", " the", " storm", "."])
+    assert shown[:3] == ["", "Greta,", " the"], "released at the comma: not a label"
+    assert text == "Greta, the storm."
+    shown, text = play_unlabel(["the", " storm", "."])
+    assert shown[0] == "the", "a lower-case start cannot be a label: streams at once"
+    assert play_unlabel(["Aye", "."])[1] == "Aye.", "a one-word line that looked like a label's start"
+    assert play_unlabel(["Note", ":", " nothing"])[1] == "nothing", "a label-shaped start is a label"
+
+
+def test_lines_are_not_unlabelled_without_other_speakers() -> None:
+    line = SpokenLine(soft_tokens=1000)
+    assert line.feed("Bram", 1) == "Bram", "player turns stream from the first token"
+    assert line.feed(":", 2) == ":"

@@ -195,9 +195,13 @@ class LlamaEngine:
             # name: those should be said even if an earlier line said them.
             if spoken and not boost:
                 lines = [m.content for m in request.messages if m.role == "assistant" and m.content][-RECENT_LINES:]
+                if start >= 0 and request.messages[start].name:
+                    # another NPC's line: the bundled model otherwise says it back word for word
+                    lines.append(request.messages[start].content)
                 recent = self._tokens(" ".join(lines)) if lines else []
+            unlabel = spoken and any(m.role == "user" and m.name for m in request.messages)
             done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, spoken,
-                                      request.speaker if spoken else None, stop, emit, boost, recent)
+                                      request.speaker if spoken else None, stop, emit, boost, recent, unlabel)
             if done is not None:
                 emit(("done", *done))
 

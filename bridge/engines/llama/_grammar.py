@@ -40,6 +40,14 @@ GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid
 
 Grammar = tuple[str | None, tuple[str, ...]]  # (GBNF text or None for free text, warnings)
 
+# ``"x-oam-prose": true`` on a string field (the bridge's decisions set it on ``reasoning``):
+# the grammar makes it a sentence of words, a capital first, 3 to 31 words, ending in . or !
+# Without it the bundled model fills a free field with "][", a lone option name or the
+# situation copied out. Only a hint for generating: the answer is validated without it, and
+# other engines ignore the keyword.
+PROSE = "x-oam-prose"
+PROSE_PATTERN = r"^[A-Z][a-z']*( [A-Za-z0-9,'-]+){2,30}[.!]$"
+
 
 def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | None) -> Any:
     """A copy of ``schema`` for the grammar: unbounded strings get ``string_max`` and every
@@ -60,6 +68,9 @@ def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | 
             out[key] = for_grammar(val, where, warnings, string_max)
         else:
             out[key] = val
+    if out.get(PROSE) is True and out.get("type") == "string" and not any(k in out for k in ("enum", "const", "pattern", "format")):
+        out["pattern"] = PROSE_PATTERN
+        out.pop("maxLength", None)
     bounded = any(k in out for k in ("maxLength", "enum", "const", "pattern", "format"))
     if string_max is not None and out.get("type") == "string" and not bounded:
         out["maxLength"] = string_max

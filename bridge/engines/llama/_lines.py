@@ -16,6 +16,12 @@ at sentence boundaries:
 - At the hard limit (``maxTokens``) a held, unfinished sentence is dropped, so the line
   still ends where a sentence ended (the step's finish reason stays ``"length"``).
 
+With ``unlabel`` (the prompt holds lines of other speakers, rendered ``Name: line``), a line
+that starts with a speaker's label (``Bram:``, ``Old Tom:``: a small model copies the
+``Name: line`` form it reads for other NPCs' lines) loses the label, and the quote mark that
+often follows it; the first words are held only while they could still be such a label
+(capitalised words, at most three, no colon yet).
+
 Output that starts with ``{`` is a tool-call batch (the grammar keeps free text from
 starting with one): it passes through untouched.
 """
@@ -29,6 +35,10 @@ import re
 _BOUNDARY = re.compile(r"[.!?…][\"'”’)\]]*(?=\s)")
 _WORDS = re.compile(r"[\w']+")
 _TRAILING_END = re.compile(r"[.!?…][\"'”’)\]]*$")  # held: the white space after it decides
+_NAME_WORD = r"[A-Z][\w'’-]*"
+_LABEL = re.compile(rf"{_NAME_WORD}(?: {_NAME_WORD}){{0,2}}:\s*[\"“]?")
+_MAYBE_LABEL = re.compile(rf"(?:{_NAME_WORD}(?: {_NAME_WORD}){{0,2}} ?)?")
+_LABEL_MAX = 48  # characters: a label is short
 
 
 def _norm(sentence: str) -> tuple[str, ...]:
@@ -50,7 +60,7 @@ class SpokenLine:
     """Feed it each decoded piece with the number of tokens generated so far; it says what
     to show now and when to stop. See the module docstring for the rules."""
 
-    def __init__(self, soft_tokens: int) -> None:
+    def __init__(self, soft_tokens: int, unlabel: bool = False) -> None:
         self.soft_tokens = soft_tokens
         self.passthrough: bool | None = None  # undecided until the first visible character
         self.shown = ""  # text released so far
@@ -58,6 +68,21 @@ class SpokenLine:
         self.first_done = False  # the first sentence has ended
         self.sentences: set[tuple[str, ...]] = set()
         self.stopped = False  # the line ended early (a repeat, a loop or the soft limit)
+        self.labelled: bool | None = None if unlabel else False  # None: the start may be a label
+        self.quoted: bool | None = False  # a quote mark after a label was dropped: so is the
+        # closing one (None: a label just ended, the quote mark may come next)
+
+    def _unlabel(self, text: str) -> str | None:
+        """The text without a leading speaker label, or None while it may still be one."""
+        m = _LABEL.match(text)
+        if m is not None:
+            self.labelled = True
+            self.quoted = self.quoted or m.group().rstrip().endswith(('"', "“"))
+            return text[m.end() :]
+        if len(text) < _LABEL_MAX and _MAYBE_LABEL.fullmatch(text):
+            return None
+        self.labelled = False
+        return text
 
     def feed(self, piece: str, tokens: int) -> str:
         """Text to show now. After it, ``stopped`` says whether generation should end."""
@@ -70,6 +95,26 @@ class SpokenLine:
             piece, self.held = lead, ""
         if self.passthrough:
             return piece
+        if self.labelled is None:
+            text = self.held + piece
+            if self.quoted is None:  # right after a label: its quote mark may follow
+                text = text.lstrip()
+                if not text:
+                    self.held = ""
+                    return ""
+                self.quoted = text[0] in "\"“"
+                text = text[1:] if self.quoted else text
+            rest = self._unlabel(text)
+            if rest is None:  # may still be a label
+                self.held = text
+                return ""
+            self.held = ""
+            if self.labelled and not rest.strip():  # a label's end: the line has not started
+                self.labelled = None
+                if not self.quoted:
+                    self.quoted = None
+                return ""
+            piece = rest.lstrip()
         self.held += piece
         line_break = self.held.find("\n")
         if line_break >= 0:  # a spoken line is one paragraph: what follows a break is not said
@@ -94,7 +139,11 @@ class SpokenLine:
         if self.stopped or (cut and self.first_done):
             self.held = ""
             return ""
+        if self.labelled is None:  # the whole line looked like the start of a label: it was not
+            self.labelled = False
         out = self._last()
+        if self.quoted and out.endswith(('"', "”")):
+            out = out[:-1]
         self.shown += out
         return out
 

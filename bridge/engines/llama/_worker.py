@@ -213,7 +213,7 @@ class Generator:
     def generate(
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
         spoken: bool, speaker: str | None, stop: threading.Event, emit: Emit,
-        boost: dict[int, float] | None = None, recent: list[int] | None = None,
+        boost: dict[int, float] | None = None, recent: list[int] | None = None, unlabel: bool = False,
     ) -> tuple[Usage, str] | None:
         """Runs one step: emits ``("text", delta)`` items, returns (usage, finish reason),
         or None when stopped before the prompt was read. ``spoken``: the answer is a line of
@@ -222,7 +222,9 @@ class Generator:
         ``boost``: logit biases toward the facts the game gave, each dropped once said;
         ``recent``: the tokens of the NPC's last lines, which the repetition penalties see
         as already said (a small model otherwise says the same line every turn; only on a
-        step without a grammar, whose state they would not fit)."""
+        step without a grammar, whose state they would not fit); ``unlabel``: other speakers'
+        lines are in the prompt, so a ``Name:`` label the model starts the line with is
+        dropped (``SpokenLine``)."""
         import llama_cpp
         from llama_cpp.llama_grammar import LlamaGrammar
 
@@ -245,7 +247,7 @@ class Generator:
                 return None
             limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
             max_tokens = min(limit, self.n_ctx - len(tokens))
-            line = SpokenLine(soft_tokens=limit // 2) if spoken else None
+            line = SpokenLine(soft_tokens=limit // 2, unlabel=unlabel) if spoken else None
             name_tokens = list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
             vocab = llm._model.vocab
             out = 0
