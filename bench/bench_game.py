@@ -15,12 +15,15 @@ Prints three tables, each with its baseline measured in the same run:
    baseline), after ``npc/prewarm`` (goal ≤ 0.2x cold), and a warm NPC's turn right after a
    world fact it sees changed, beside the same NPC's turn with no change. Each NPC has its
    own persona (about 400 tokens), so no NPC reuses another's cached prompt.
+4. **World views** (no model): after one fact changes, the time to work out what each of
+   1,000 NPCs sees in a world of 2,000 facts (on the event loop, when each NPC's next step
+   starts): the bridge's index beside checking every fact for every NPC (the baseline).
 
 Usage::
 
     python bench/bench_game.py                 # the bundled model, every table
     python bench/bench_game.py --quick         # fewer repetitions
-    python bench/bench_game.py --only routing  # one table (routing | decisions | first-words)
+    python bench/bench_game.py --only routing  # one table (routing | decisions | first-words | views)
     python bench/bench_game.py --model my.gguf --show
 """
 
@@ -265,13 +268,58 @@ def first_words(b: Bridge, reps: int, show: bool) -> None:
         print(f"| {case} | {st.median(xs):.3f} | {st.median(xs) / cold:.2f}x |" + (f" {[round(x, 2) for x in xs]}" if show else ""))
 
 
+def views(reps: int) -> None:
+    sys.path.insert(0, ROOT)
+    import random
+
+    from bridge import _messages as m
+    from bridge._world import FACTS_HEADER, World
+
+    n_npcs, n_facts = 1000, 2000
+    rng = random.Random(1)
+    places = [f"place{i}" for i in range(20)]
+    world = World(m.Limits(max_world_bytes=1 << 24))
+    for i in range(n_facts):
+        r = rng.random()
+        tags = [rng.choice(places)] if r < 0.6 else None
+        ids = [f"npc{rng.randrange(n_npcs)}"] if 0.6 <= r < 0.8 else None
+        world.set(m.WorldSetParams(key=f"fact {i:05d}", value=f"value {i}", tags=tags, npc_ids=ids))
+    npcs = [(f"npc{i}", frozenset(rng.sample(places, 2))) for i in range(n_npcs)]
+
+    def brute(npc_id: str, tags: frozenset[str]) -> str:
+        # the first version of World.view: every fact checked for every NPC
+        lines = [f.line for f in world._ordered() if f.visible_to(npc_id, tags) and not f.lore]
+        return FACTS_HEADER + "\n" + "\n".join(lines)
+
+    def timed(fn: Any) -> float:
+        world.set(m.WorldSetParams(key="weather", value=f"rain {time.perf_counter()}"))  # a change: new views
+        t0 = time.perf_counter()
+        for npc_id, tags in npcs:
+            fn(npc_id, tags)
+        return (time.perf_counter() - t0) * 1000
+
+    sample = npcs[:20]
+    assert all(world.view(n, t).text == brute(n, t) for n, t in sample), "the index and the baseline agree"
+    base = [timed(brute) for _ in range(reps)]
+    index = [timed(world.view) for _ in range(reps)]
+    print(f"\n## World views: {n_npcs} NPCs, {n_facts} facts, one change, median of {reps}\n")
+    print("| how | ms for every NPC's view | per NPC | vs baseline |")
+    print("|---|---|---|---|")
+    for how, xs in (("check every fact (baseline)", base), ("index by scope, shared views (bridge)", index)):
+        print(f"| {how} | {st.median(xs):.1f} | {st.median(xs) / n_npcs * 1000:.0f} µs | {st.median(xs) / st.median(base):.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a GGUF model instead of the bundled one")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--only", choices=["routing", "decisions", "first-words"])
+    ap.add_argument("--only", choices=["routing", "decisions", "first-words", "views"])
     ap.add_argument("--show", action="store_true", help="print every answer")
     args = ap.parse_args()
+    if args.only in (None, "views"):
+        views(3 if args.quick else 7)
+    if args.only == "views":
+        return
     b = Bridge(args.model)
     try:
         if args.only in (None, "routing"):

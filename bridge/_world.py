@@ -3,8 +3,11 @@
 A fact is a key, any JSON value, a scope (NPC ids and/or tags; none: everyone) and a flag for
 lore. What one NPC sees is a ``View``: its facts rendered for the prompt (sorted by key, so
 the text is the same whatever order the game set them in), and its lore, reached through the
-bridge's ``recall`` tool. A view is computed once per world revision and NPC tags, when the
-NPC's next model step needs it; a fact change never reaches a step already running.
+bridge's ``recall`` tool. A view is computed when an NPC's next model step needs it, never
+for a step already running, and costs what the NPC sees, not what the world holds: each
+revision indexes the facts by scope once (everyone, each tag, each NPC id), and NPCs with the
+same tags and no fact of their own share one view. A thousand NPCs after a change to a world
+of thousands of facts must not hold the event loop for a second.
 """
 
 from __future__ import annotations
@@ -90,6 +93,24 @@ class View:
 EMPTY_VIEW = View(0, "", {})
 
 
+class _Index:
+    """One revision's facts by scope, each list sorted by key, and the views made from them."""
+
+    def __init__(self, facts: list[_Fact]) -> None:
+        self.everyone: list[_Fact] = []
+        self.by_tag: dict[str, list[_Fact]] = {}
+        self.by_npc: dict[str, list[_Fact]] = {}
+        for f in facts:  # in key order, so every list is too
+            if f.npc_ids is None and f.tags is None:
+                self.everyone.append(f)
+                continue
+            for t in f.tags or ():
+                self.by_tag.setdefault(t, []).append(f)
+            for n in f.npc_ids or ():
+                self.by_npc.setdefault(n, []).append(f)
+        self.views: dict[tuple[str | None, frozenset[str]], View] = {}
+
+
 class World:
     """The facts, their revision and their byte bounds (``Limits``)."""
 
@@ -98,6 +119,7 @@ class World:
         self.revision = 0
         self._facts: dict[str, _Fact] = {}
         self._sorted: list[_Fact] | None = []
+        self._index: _Index | None = None
         self._bytes = 0  # facts that are not lore
         self._lore_bytes = 0
 
@@ -105,6 +127,11 @@ class World:
         if self._sorted is None:
             self._sorted = sorted(self._facts.values(), key=lambda f: f.key)
         return self._sorted
+
+    def _changed(self) -> None:
+        self._sorted = None
+        self._index = None
+        self.revision += 1
 
     def set(self, p: m.WorldSetParams) -> int:
         """Set (or replace) one fact; ``limit_reached`` leaves the world unchanged."""
@@ -134,8 +161,7 @@ class World:
             total += size
         self._facts[p.key] = _Fact(p, size)
         self._bytes, self._lore_bytes = total, lore_total
-        self._sorted = None
-        self.revision += 1
+        self._changed()
         return self.revision
 
     def delete(self, key: str) -> tuple[int, bool]:
@@ -146,24 +172,35 @@ class World:
             self._lore_bytes -= fact.size
         else:
             self._bytes -= fact.size
-        self._sorted = None
-        self.revision += 1
+        self._changed()
         return self.revision, True
 
     def facts(self, npc_id: str | None = None, tags: frozenset[str] = frozenset()) -> list[m.Fact]:
         return [f.wire() for f in self._ordered() if npc_id is None or f.visible_to(npc_id, tags)]
 
     def view(self, npc_id: str, tags: frozenset[str]) -> View:
-        lines: list[str] = []
-        lore: dict[str, Any] = {}
-        for f in self._ordered():
-            if f.visible_to(npc_id, tags):
-                if f.lore:
-                    lore[f.key] = f.value
-                else:
-                    lines.append(f.line)
+        """What ``npc_id`` with ``tags`` sees now: O(its facts) the first time, then shared."""
+        index = self._index
+        if index is None:
+            index = self._index = _Index(self._ordered())
+        own = index.by_npc.get(npc_id)
+        key = (npc_id if own else None, tags)
+        view = index.views.get(key)
+        if view is not None:
+            return view
+        parts = [index.everyone, *(index.by_tag[t] for t in tags if t in index.by_tag)]
+        if own:
+            parts.append(own)
+        seen: dict[str, _Fact] = {}
+        for part in parts:
+            for f in part:
+                seen[f.key] = f
+        visible = sorted(seen.values(), key=lambda f: f.key) if len(parts) > 1 else parts[0]
+        lines = [f.line for f in visible if not f.lore]
+        lore = {f.key: f.value for f in visible if f.lore}
         text = FACTS_HEADER + "\n" + "\n".join(lines) if lines else ""
-        return View(self.revision, text, lore)
+        view = index.views[key] = View(self.revision, text, lore)
+        return view
 
 
 __all__ = ["World", "View", "EMPTY_VIEW", "RECALL", "RESPOND_DIRECTLY", "RESPOND_DIRECTLY_TOOL", "RESERVED_TOOL_NAMES", "render_value"]
