@@ -233,25 +233,6 @@ async def any_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
             nursery.cancel_scope.cancel()
 
 
-@pytest.fixture(params=["memory", "subprocess"])
-async def scripted_client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
-    """``any_client`` on the Python scripted engine only: for steps that only it plays
-    (``echo``, which says what the model was given)."""
-    if request.param == "memory":
-        async with serve_in_memory(ScriptedEngine()) as (_, c):
-            await c.initialize()
-            yield c
-        return
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery)
-        await p.client.initialize()
-        with trio.fail_after(DEADLINE):
-            yield p.client
-        p.process.kill()
-        await p.process.wait()
-        nursery.cancel_scope.cancel()
-
-
 INVENTORY_TOOL = {
     "name": "check_inventory",
     "description": "Look up how many of an item the tavern has.",

@@ -91,8 +91,8 @@ async def test_facts_count_in_the_npcs_prompt_tokens_only_where_visible(any_clie
 
 
 @req("G-WORLD-4")
-async def test_facts_follow_the_persona_sorted_and_a_change_applies_from_the_next_step(scripted_client: Client) -> None:
-    c = scripted_client
+async def test_facts_follow_the_persona_sorted_and_a_change_applies_from_the_next_step(any_client: Client) -> None:
+    c = any_client
     tool = {**INVENTORY_TOOL}
     await create(c, tools=[tool], tags=["gate"], script=[
         {"echo": "instructions"},
@@ -142,8 +142,8 @@ async def test_lore_is_not_in_the_prompt_and_recall_is_answered_by_the_bridge(an
 
 
 @req("G-LORE-2")
-async def test_lore_facts_stay_out_of_the_rendered_facts(scripted_client: Client) -> None:
-    c = scripted_client
+async def test_lore_facts_stay_out_of_the_rendered_facts(any_client: Client) -> None:
+    c = any_client
     await c.call("world/set", {"key": "the old keep", "value": "Built by the old king.", "lore": True})
     await c.call("world/set", {"key": "weather", "value": "fog"})
     await create(c, script=[{"echo": "instructions"}])
@@ -322,8 +322,8 @@ async def test_another_npc_speaks_a_prompt_and_the_transcript_keeps_its_name(any
 
 
 @req("G-SPEAKER-2")
-async def test_the_model_reads_who_speaks(scripted_client: Client) -> None:
-    c = scripted_client
+async def test_the_model_reads_who_speaks(any_client: Client) -> None:
+    c = any_client
     await create(c, script=[{"echo": "prompt"}, {"echo": "prompt"}])
     await create(c, "keeper", persona=None, instructions="You keep the tavern.")
     _, done = await c.turn("guard", "Storm coming?", speaker="keeper")

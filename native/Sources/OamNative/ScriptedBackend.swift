@@ -7,6 +7,8 @@ import Foundation
 ///   {"toolCalls":[{"name":"x","arguments":{}}]} ("id" optional; generated if absent)
 ///   {"json":{...}}                              the JSON answer, in 16-character text deltas
 ///   {"error":"guardrail_violation","message":"..."}
+///   {"echo":"instructions"} / {"echo":"prompt"}    says the step's instructions, or its last user
+///                                               message, as the model was given them
 /// each with optional "delayMs" (a wait before the step) and "chunkMs" (before each chunk); both cancellable.
 /// Each oam_step_start consumes the next script step; with none left, the step echoes
 /// "You said: <last user message>" (or answers `{}` when the request has a schema).
@@ -192,6 +194,11 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             step.push(.object(["type": .string("toolCalls"), "calls": .array(out)]))
             done(step, input: inputTokens, output: estimateTokens(JSON.array(out).serialized()), reason: "tool_calls",
                  warnings: s["warnings"])
+            return
+        }
+        if let echo = s["echo"]?.string {
+            let said = echo == "instructions" ? (request["instructions"]?.string ?? "") : lastUserMessage(request)
+            stream(said, cutter: wordCuts, delay: chunkDelay, input: inputTokens, warnings: s["warnings"], step: step)
             return
         }
         if let j = s["json"] {
