@@ -45,6 +45,14 @@ NPCS = ["a", "b", "c", "d", "e", "f"]
 METHODS = [
     "initialize", "npc/create", "npc/respond", "npc/submit", "npc/cancel", "npc/transcript",
     "npc/restore", "npc/reset", "npc/delete", "npc/list", "tokens/count", "engine/status",
+    "npc/decide", "npc/prewarm", "npc/setTags", "world/set", "world/delete", "world/get",
+]
+TAGS = ["gate", "tavern", "north", "\u2028"]
+FACT_KEYS = ["weather", "gate", "lore of the keep", "\u2028key", "k" * 300]
+OPTIONS: list[dict[str, Any]] = [
+    {"name": "let_in", "description": "open the gate"},
+    {"name": "question"},
+    {"name": "ring", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}},
 ]
 EVENT_METHODS = {
     "turn/started", "turn/textDelta", "turn/partialJson", "turn/toolCallRequested",
@@ -70,6 +78,8 @@ TOOL_ARGS: dict[str, list[Any]] = {
     "give": [{"n": 3, "items": ["a"]}, {"n": 11}, {"n": "three"}],
     "noop": [{}, {"anything": [1, 2, 3]}],
     "missing_tool": [{}],
+    "recall": [{"topic": "lore of the keep"}, {"topic": "weather"}, {}],
+    "respond_directly": [{}, {"x": 1}],
 }
 WEIRD: list[Any] = [
     None, True, False, 0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64, 10**30, -(10**400),
@@ -232,7 +242,9 @@ class Generator:
             if self.rng.random() < 0.3:
                 step["text"] = self.text(3)
         elif r < 0.85:
-            step = {"json": self.rng.choice([{"mood": "glad"}, {"n": 1}, [1, 2], "x", {"a": {"b": [None]}}])}
+            step = {"json": self.rng.choice([{"mood": "glad"}, {"n": 1}, [1, 2], "x", {"a": {"b": [None]}}, {"reasoning": "Late.", "choice": "question"}, {"choice": "ring", "arguments": {"n": 2}}, {"choice": "nope"}])}
+        elif r < 0.88:
+            step = {"echo": self.rng.choice(["instructions", "prompt"])}
         elif r < 0.95:
             step = {"error": self.rng.choice(["refusal", "guardrail_violation", "rate_limited", "made_up"]), "message": self.text(3)}
         else:
@@ -261,6 +273,10 @@ class Generator:
                 p["options"] = {"temperature": rng.random(), "maxTokens": rng.randint(1, 512), "seed": rng.randint(0, 99), "topP": rng.random()}
             if rng.random() < 0.1:
                 p["engine"] = rng.choice(["auto", "scripted", "bogus"])
+            if rng.random() < 0.3:
+                p["tags"] = rng.sample(TAGS, rng.randint(0, 2))
+            if rng.random() < 0.2:
+                p["fallbacks"] = {"guardrailViolation": [self.text(3)] * rng.randint(0, 2), "refusal": rng.choice([[], [self.text(2)], [""]])}
             return p
         if method == "npc/respond":
             p = {"npcId": self.npc(), "prompt": self.text()}
@@ -275,7 +291,37 @@ class Generator:
                 p["schema"] = rng.choice([{"type": "object", "properties": {"mood": {"type": "string"}}}, {"type": "array"}, {"type": "object", "required": ["n"]}])
             if rng.random() < 0.3:
                 p["fullText"] = rng.random() < 0.5
+            if rng.random() < 0.2:
+                p["speaker"] = rng.choice([self.npc(), self.text(1)])
+            if rng.random() < 0.3:
+                p["guardrail"] = rng.choice(["fail", "fallback", "retry"])
+            if rng.random() < 0.1:
+                p["toolChoice"] = rng.choice(["tool_or_answer", {"tool": "recall"}])
             return p
+        if method == "npc/decide":
+            p = {"npcId": self.npc(), "situation": self.text(), "options": rng.sample(OPTIONS, rng.randint(1, 3))}
+            if rng.random() < 0.5:
+                p["reasoning"] = rng.random() < 0.5
+            if rng.random() < 0.3:
+                p["remember"] = rng.random() < 0.5
+            return p
+        if method == "npc/prewarm":
+            return {"npcId": self.npc()}
+        if method == "npc/setTags":
+            return {"npcId": self.npc(), "tags": rng.sample(TAGS, rng.randint(0, 3))}
+        if method == "world/set":
+            p = {"key": rng.choice(FACT_KEYS), "value": rng.choice(["storm", 3, {"open": False}, self.text(), "x" * rng.choice([10, 20000])])}
+            if rng.random() < 0.3:
+                p["tags"] = rng.sample(TAGS, rng.randint(0, 2))
+            if rng.random() < 0.2:
+                p["npcIds"] = [self.npc()]
+            if rng.random() < 0.3:
+                p["lore"] = True
+            return p
+        if method == "world/delete":
+            return {"key": rng.choice(FACT_KEYS)}
+        if method == "world/get":
+            return {"npcId": self.npc()} if rng.random() < 0.5 else {}
         if method == "npc/submit":
             if self.call_ids and rng.random() < 0.8:
                 npc_id, call_id = self.call_ids[rng.randrange(len(self.call_ids))]
@@ -308,7 +354,7 @@ class Generator:
         return {}
 
     def message(self, with_id: bool = True) -> dict[str, Any]:
-        method = self.rng.choices(METHODS, weights=[1, 8, 14, 6, 3, 2, 2, 1, 1, 3, 2, 1])[0]
+        method = self.rng.choices(METHODS, weights=[1, 8, 14, 6, 3, 2, 2, 1, 1, 3, 2, 1, 3, 1, 1, 3, 1, 1])[0]
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if with_id:
             msg["id"] = self.clean_id()
