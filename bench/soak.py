@@ -14,6 +14,13 @@ call (``check_inventory``) and then streams a short answer. What the game does w
 Every 40 turns an NPC is deleted and created again (so histories stay bounded and RSS can
 be flat), alternating with ``npc/reset``.
 
+With ``--game`` the game layer runs too: the game sets or deletes a world fact (scoped to
+everyone, a tag or some NPCs) every 20 ms, every NPC carries tags and, every fifth turn,
+moves (``npc/setTags``) and is prewarmed (``npc/prewarm``, a turn of its own); one NPC in ten
+is a decider whose turns are ``npc/decide`` with a scripted answer, half of them with
+``guardrail`` errors played as fallbacks on ``npc/respond`` instead. Every prewarm, decision
+and fallback turn must complete.
+
 Checks: 0 lost responses (every request id answered once), 0 missing or extra terminal
 events, seq 0..n without gaps, every requested call ends with exactly one of
 toolCallCompleted/toolCallWithdrawn, the bridge exits 0 after stdin EOF. Prints per window
@@ -26,6 +33,7 @@ Usage::
     python bench/soak.py                # 10 minutes, 200 NPCs
     python bench/soak.py --minutes 1    # a quick run
     python bench/soak.py --npcs 50 --seed 3 --root OTHER_CHECKOUT
+    python bench/soak.py --minutes 2 --game   # with world facts, decisions, prewarm, fallbacks
 
 Exits 1 when a check fails.
 """
@@ -55,6 +63,16 @@ TOOL = {
 TIMEOUT_MS = 250
 TURNS_PER_LIFE = 40
 KINDS = ["normal"] * 7 + ["late", "timeout", "cancel"]
+PLACES = ["gate", "tavern", "mill", "market"]
+OPTIONS = [{"name": "stay", "description": "stay put"}, {"name": "go", "description": "walk on"}]
+
+
+def decider_script(turns: int) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    for i in range(turns + 5):
+        steps.append({"json": {"reasoning": "It is late.", "choice": "stay" if i % 2 else "go"}})
+        steps.append({"error": "guardrail_violation", "message": "blocked", "delayMs": 2})
+    return steps
 
 
 def script(turns: int) -> list[dict[str, Any]]:
@@ -102,7 +120,8 @@ class Window:
 
 
 class Soak:
-    def __init__(self, process: trio.Process, rng: random.Random) -> None:
+    def __init__(self, process: trio.Process, rng: random.Random, game: bool = False) -> None:
+        self.game = game
         self.process = process
         self.rng = rng
         self.failures: list[str] = []
@@ -117,6 +136,7 @@ class Soak:
         self.stop = False
         self.eof = trio.Event()
         self.send_lock = trio.Lock()  # one writer of the bridge's stdin at a time
+        self.finish_reasons: dict[str, str] = {}  # game-layer turns: the finishReason due
 
     def fail(self, what: str) -> None:
         if len(self.failures) < 100:
@@ -175,6 +195,9 @@ class Soak:
             turn.terminal = method
             if method == "turn/failed":
                 turn.failure_code = p["error"]["code"]
+            want = self.finish_reasons.pop(turn.id, None)
+            if want is not None and method == "turn/completed" and p["finishReason"] != want:
+                self.fail(f"{turn.id}: finishReason {p['finishReason']!r}, not {want!r}")
             self.window().turns += 1
             self.window().latencies.append(time.perf_counter() - turn.started)
             turn.requested.set()
@@ -208,22 +231,79 @@ class Soak:
             return None
         return r["result"]
 
+    def config(self, npc_id: str, decider: bool) -> dict[str, Any]:
+        if not self.game:
+            return {"npcId": npc_id, "tools": [TOOL], "script": script(TURNS_PER_LIFE)}
+        c: dict[str, Any] = {"npcId": npc_id, "tools": [TOOL], "tags": self.rng.sample(PLACES, 2)}
+        if decider:
+            c.update(script=decider_script(TURNS_PER_LIFE), fallbacks={"guardrailViolation": ["Not now."]})
+        else:
+            c["script"] = script(TURNS_PER_LIFE)
+        return c
+
+    async def world(self, npcs: int) -> None:
+        """The game's side of the world: a fact changes every 20 ms."""
+        while not self.stop:
+            await trio.sleep(0.02)
+            key = f"fact {self.rng.randrange(200)}"
+            if self.rng.random() < 0.2:
+                await self.must("world/delete", {"key": key})
+                continue
+            p: dict[str, Any] = {"key": key, "value": {"n": self.rng.randrange(1000), "text": "the mill wheel turns"}}
+            r = self.rng.random()
+            if r < 0.4:
+                p["tags"] = [self.rng.choice(PLACES)]
+            elif r < 0.6:
+                p["npcIds"] = [f"npc{self.rng.randrange(npcs)}"]
+            elif r < 0.7:
+                p["lore"] = True
+            await self.must("world/set", p)
+            self.count("world changes")
+
+    async def game_turn(self, npc_id: str, method: str, params: dict[str, Any], want: str) -> None:
+        """A turn the game only waits for: it must complete, with ``want`` as finishReason."""
+        started = time.perf_counter()
+        r = await self.call(method, params)
+        if "result" not in r:
+            self.fail(f"{method} {npc_id}: {r.get('error')}")
+            return
+        turn = Turn(r["result"]["turnId"], started)
+        self.turns[turn.id] = turn
+        self.finish_reasons[turn.id] = want
+        for msg in self.early.pop(turn.id, []):
+            self.apply(turn, msg)
+        self.count(f"turns {method} ({want})")
+        with trio.move_on_after(30) as scope:
+            await turn.ended.wait()
+        if scope.cancelled_caught:
+            self.fail(f"{turn.id} ({method}) did not end within 30 s")
+        elif turn.terminal != "turn/completed":
+            self.fail(f"{turn.id} ({method}) ended {turn.terminal} {turn.failure_code}")
+
     async def npc(self, i: int) -> None:
         npc_id = f"npc{i}"
         life = 0
-        await self.must("npc/create", {"npcId": npc_id, "tools": [TOOL], "script": script(TURNS_PER_LIFE)})
+        decider = self.game and i % 10 == 0
+        await self.must("npc/create", self.config(npc_id, decider))
         played = 0
         while not self.stop:
             await trio.sleep(self.rng.uniform(0.5, 2.5))
             if self.stop:
                 break
-            await self.turn(npc_id, self.rng.choice(KINDS))
+            if decider:
+                await self.game_turn(npc_id, "npc/decide", {"npcId": npc_id, "situation": "Night falls.", "options": OPTIONS}, "stop")
+                await self.game_turn(npc_id, "npc/respond", {"npcId": npc_id, "prompt": "Say something awful.", "guardrail": "fallback"}, "fallback")
+            else:
+                await self.turn(npc_id, self.rng.choice(KINDS))
             played += 1
+            if self.game and played % 5 == 0 and not decider:
+                await self.must("npc/setTags", {"npcId": npc_id, "tags": self.rng.sample(PLACES, 2)})
+                await self.game_turn(npc_id, "npc/prewarm", {"npcId": npc_id}, "prewarmed")
             if played == TURNS_PER_LIFE:
                 played, life = 0, life + 1
                 if life % 2:
                     await self.must("npc/delete", {"npcId": npc_id})
-                    await self.must("npc/create", {"npcId": npc_id, "tools": [TOOL], "script": script(TURNS_PER_LIFE)})
+                    await self.must("npc/create", self.config(npc_id, decider))
                     self.count("npc recreated")
                 else:
                     await self.must("npc/reset", {"npcId": npc_id})
@@ -317,7 +397,7 @@ async def main_async(args: argparse.Namespace) -> int:
         [sys.executable, "-m", "bridge", "--engine", "scripted"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=args.root, env=env,
     )
-    soak = Soak(process, rng)
+    soak = Soak(process, rng, args.game)
     soak.windows.append(Window())
     window_s = args.window or (60.0 if args.minutes >= 3 else 10.0)
     print(f"soak: {args.npcs} NPCs for {args.minutes} min, windows of {window_s:.0f} s, bridge pid {process.pid}", flush=True)
@@ -332,6 +412,8 @@ async def main_async(args: argparse.Namespace) -> int:
         async with trio.open_nursery() as npcs:
             for i in range(args.npcs):
                 npcs.start_soon(soak.npc, i)
+            if args.game:
+                npcs.start_soon(soak.world, args.npcs)
             await trio.sleep(args.minutes * 60)
             soak.stop = True
             with trio.move_on_after(40):
@@ -377,6 +459,7 @@ def main() -> None:
     ap.add_argument("--npcs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--window", type=float, default=0, help="seconds per reported window (default: 60, or 10 under 3 minutes)")
+    ap.add_argument("--game", action="store_true", help="the game layer too: world facts, decisions, prewarm, fallbacks")
     ap.add_argument("--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)")
     args = ap.parse_args()
     args.root = os.path.abspath(args.root)
