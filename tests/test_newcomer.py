@@ -276,6 +276,21 @@ def test_the_readme_shows_how_to_play_the_demo_without_a_model() -> None:
     r = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     assert "NPC greta on engine scripted" in r.stdout and "check_inventory" in r.stdout
+    # the game layer: a world fact, a prewarm, two NPCs talking, a decision
+    assert "world/set 'storm'" in r.stdout and "npc/prewarm bram -> prewarmed" in r.stdout
+    assert "Greta:  A storm is coming from the north tonight, Bram." in r.stdout
+    assert "Bram chose 'question' because: A stranger before a storm could be trouble." in r.stdout
+
+
+def test_the_readme_game_layer_example_runs_as_printed() -> None:
+    readme = Path(ROOT, "README.md").read_text()
+    section = readme.split("## The game layer", 1)[1]
+    block = _first_block(section, "sh").replace(".venv/bin/oam-bridge", f"{sys.executable} -m bridge")
+    r = subprocess.run(["bash", "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    done = [json.loads(x)["params"] for x in r.stdout.splitlines() if '"turn/completed"' in x]
+    assert done[0]["text"].endswith("Facts you know now:\n- gate: barred for the storm"), "what the README says the echo shows"
+    assert done[1]["json"] == {"reasoning": "It is late.", "choice": "question"}
 
 
 def _first_block(markdown: str, lang: str) -> str:
