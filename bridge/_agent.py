@@ -312,6 +312,7 @@ class Turn:
         self.kind: m.TurnKind = kind
         self.speaker = speaker  # the name the prompt is attributed to; None: the player
         self.remember = remember  # False: the turn completes but does not enter the history
+        self.shown = False  # text or JSON reached the game (a fallback line then resets it)
         self.state = "queued"
         self.seq = 0
         self.scope = trio.CancelScope()
@@ -678,7 +679,6 @@ class Npc:
         schema = p.schema
         direct = False  # the model chose respond_directly, or a retry as text: words only
         retried = False
-        shown = False  # text or JSON reached the game during this turn
         view = EMPTY_VIEW
         while True:
             # The world as this step sees it: a change after this line applies from the next step.
@@ -735,9 +735,8 @@ class Npc:
                 line = self._fallback_line(e.code)
                 if line is None:
                     raise
-                await self._complete_fallback(turn, line, shown, records, usage, step + 1, warnings, view)
+                await self._complete_fallback(turn, line, records, usage, step + 1, warnings, view)
                 return
-            shown = shown or bool(text)
             step += 1
             if calls and mode != "disallowed":
                 if any(c.name == RESPOND_DIRECTLY for c in calls) and any(t is RESPOND_DIRECTLY_TOOL for t in tools):
@@ -832,6 +831,7 @@ class Npc:
                         ev = m.TextDelta(npc_id=self.npc_id, turn_id=turn.id, seq=turn.next_seq(), delta=chunk.delta, text=so_far, is_reset=reset)
                         reset = False
                     self.sink.put(ev)
+                    turn.shown = True
                 elif isinstance(chunk, ToolCallsChunk):
                     calls.extend(chunk.calls)
                 else:
@@ -851,12 +851,12 @@ class Npc:
         return lines[i]
 
     async def _complete_fallback(
-        self, turn: Turn, line: str, shown: bool, records: list[m.ToolRecord], usage: Usage, steps: int, warnings: list[str], view: View
+        self, turn: Turn, line: str, records: list[m.ToolRecord], usage: Usage, steps: int, warnings: list[str], view: View
     ) -> None:
         """End the turn with a fallback line: streamed as one delta, not committed (the words
         that tripped the guardrail stay out of the history, so they cannot trip the next turn)."""
         p = turn.params
-        await self._emit(turn, m.TextDelta, delta=line, text=line if p.full_text else None, is_reset=shown)
+        await self._emit(turn, m.TextDelta, delta=line, text=line if p.full_text else None, is_reset=turn.shown)
         await trio.lowlevel.checkpoint_if_cancelled()
         turn.move("completed")
         self._put(
@@ -964,8 +964,8 @@ class Npc:
         recall = call.name == RECALL and view.recall_tool is not None
         if call.name not in self.tools and not recall:
             return f"unknown tool {call.name!r}"
-        if call.name not in shown or call.name == RESPOND_DIRECTLY:
-            return f"tool {call.name!r} is not offered on this step; call one of: {', '.join(n for n in shown if n != RESPOND_DIRECTLY)}"
+        if call.name not in shown:
+            return f"tool {call.name!r} is not offered on this step; call one of: {', '.join(shown)}"
         try:
             problem = first_error(self._recall_validator(view) if recall else self._arg_validators[call.name], call.arguments)
         except Exception:  # a schema check_schema let through but jsonschema cannot apply

@@ -330,3 +330,22 @@ async def test_the_model_reads_who_speaks(any_client: Client) -> None:
     assert done["params"]["text"] == "keeper: Storm coming?", "an NPC without a persona: its id"
     _, done = await c.turn("guard", "Storm coming?")
     assert done["params"]["text"] == "Storm coming?"
+
+
+@req("G-GUARD-3")
+async def test_a_fallback_after_shown_text_replaces_it_and_keeps_the_tool_records(any_client: Client) -> None:
+    c = any_client
+    blocked = {"error": "refusal", "message": "no"}
+    await create(c, tools=[INVENTORY_TOOL], fallbacks=FALLBACKS, script=[
+        {"text": "Let me look.", "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+        blocked,
+    ])
+    r = await c.call("npc/respond", {"npcId": "guard", "prompt": "Any ale?", "guardrail": "fallback"})
+    await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
+    await c.call("npc/submit", {"npcId": "guard", "callId": "c1", "output": 3})
+    done = await c.wait_terminal(r["turnId"])
+    assert done["params"]["text"] == "No." and done["params"]["finishReason"] == "fallback" and done["params"]["steps"] == 2
+    assert [t["callId"] for t in done["params"]["toolCalls"]] == ["c1"], "the game ran the call: it stays on record"
+    deltas = [e["params"] for e in c.turn_events(r["turnId"]) if e["method"] == "turn/textDelta"]
+    assert deltas[-1] == {**deltas[-1], "delta": "No.", "text": "No.", "isReset": True}, "replaces what was shown"
+    c.assert_well_formed(r["turnId"])
