@@ -189,7 +189,7 @@ def routing(b: Bridge, show: bool) -> None:
             keeper(b, npc)
             if policy == "decision, then forced tool":
                 situation = f'The player says to you: "{line}" What do you do first?'
-                d = b.run("npc/decide", {"npcId": npc, "situation": situation, "options": ROUTE_OPTIONS, "reasoning": False})
+                d = b.run("npc/decide", {"npcId": npc, "situation": situation, "options": ROUTE_OPTIONS, "reasoning": True})
                 choice = d["params"].get("json", {}).get("choice") if d["end"] == "turn/completed" else None
                 tc: Any = {"tool": choice} if choice in ("get_menu", "take_order") else "none"
                 r = b.run("npc/respond", {"npcId": npc, "prompt": line, "toolChoice": tc, "maxToolRounds": 1}, ANSWERS)
