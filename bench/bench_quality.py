@@ -85,7 +85,10 @@ class Bridge:
         self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "llama", *args], cwd=root, env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
         self.ids = 0
-        self.call("initialize", {"protocolVersion": 1})
+        init = self.call("initialize", {"protocolVersion": 1})
+        # the bridge's own respond_directly (toolChoice "tool_or_answer", issue 10); before
+        # it, the bench defined that no-op tool itself
+        self.tool_or_answer = "tool_or_answer" in init["capabilities"]["tools"]["toolChoice"]
 
     def send(self, method: str, params: dict[str, Any]) -> int:
         assert self.p.stdin is not None
@@ -247,6 +250,8 @@ def run(root: str, bridge_args: list[str], options: dict[str, Any], show: bool) 
                 params: dict[str, Any] = {"maxToolRounds": 1}
                 if mode == "required":
                     params["toolChoice"] = "required"
+                elif mode != "auto" and b.tool_or_answer:
+                    params["toolChoice"] = "tool_or_answer"
                 elif mode != "auto":
                     b.call("npc/delete", {"npcId": npc})
                     defs = [{"name": n, "description": tools[n]["description"], "parameters": tools[n]["parameters"]} for n in spec["tools"]] + [direct]
