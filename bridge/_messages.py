@@ -83,7 +83,7 @@ class NpcConfig(_Params, frozen=True):
     engine: str = "auto"
     model: str | None = None  # llama engine: a GGUF file for this NPC (default: the bridge's)
     options: GenerationOptions = GenerationOptions()
-    tags: list[str] = []
+    tags: tuple[str, ...] = ()  # a tuple: the default is shared, not a list per NPC
     fallbacks: Fallbacks | None = None
     script: list[Any] | None = None
 

@@ -77,4 +77,4 @@ def test_every_result_example_matches_the_result_type() -> None:
         for e in replies:
             value = msgspec.convert(e["result"], typ)  # valid against the type
             assert set(e["result"]) == wire_fields(typ), f"{method}: the example's fields differ from the type's"
-            assert msgspec.to_builtins(value) == e["result"], f"{method}: the example does not round-trip"
+            assert msgspec.json.decode(msgspec.json.encode(value)) == e["result"], f"{method}: the example does not round-trip"
