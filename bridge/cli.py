@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--exit-grace-ms", type=int, default=Limits().exit_grace_ms, help="on stdin EOF, exit or a signal, the process is gone within this")
     ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
     ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
+    ap.add_argument("--parent-watch-ms", type=int, default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")), help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)")
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
     ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
     return ap.parse_args(argv)
@@ -80,8 +81,28 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         # The handler is in place before the first line is read, so a signal sent after the
         # game saw any answer is never lost to the default action.
         await nursery.start(on_signals)
+        if args.parent_watch_ms > 0:
+            nursery.start_soon(_watch_parent, server, args.parent_watch_ms / 1000)
         await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
         nursery.cancel_scope.cancel()
+
+
+async def _watch_parent(server: Server, every_s: float) -> None:
+    """Exit when the game is gone, even if its end did not close our stdin (a child of the
+    game that inherited the pipe keeps it open): the parent process id changes when the
+    parent dies (the bridge is re-parented to init or a subreaper). Linux's parent-death
+    signal is not used: it fires when the *thread* that started the bridge ends, and engines
+    start processes from worker threads that come and go."""
+    parent = os.getppid()
+    if parent <= 1:
+        return  # started by init (a container's entry point): nothing to watch
+    # (On Windows a dead parent's id stays: there the game's end closes stdin, which ends us.)
+    while True:
+        await trio.sleep(every_s)
+        if os.getppid() != parent:
+            log.warning("the process that started the bridge (pid %d) is gone: exiting", parent)
+            server.stop()
+            return
 
 
 def _scripted_engine(path: str | None) -> ScriptedEngine:
