@@ -193,5 +193,22 @@ grep -q "bridge command not found: .venv/bin/python" <<<"$out" && ok "gone bridg
 grep -q "cannot send: the bridge is not running" <<<"$out" && ok "gone bridge: failed send is named" \
     || bad "gone bridge: no 'not running' message: $out"
 
+# The game crashing never orphans the bridge: a game script killed with SIGKILL (its traps
+# never run, oam_stop is never called) takes its bridge within a second.
+game_out=$(mktemp)
+bash -c '. "$1"; oam_start "$2"; oam_request initialize "{\"protocolVersion\":1}" >/dev/null; echo "$OAM_PID"; sleep 60' \
+    _ "$HERE/oam.sh" "$OAM_BRIDGE_CMD" >"$game_out" 2>/dev/null &
+game=$!
+for _ in $(seq 100); do [ -s "$game_out" ] && break; sleep 0.05; done
+bridge_pid=$(head -n1 "$game_out"); rm -f "$game_out"
+kill -KILL "$game"; wait "$game" 2>/dev/null
+gone=no
+for _ in $(seq 20); do  # 20 x 50 ms
+    if ! kill -0 "$bridge_pid" 2>/dev/null || grep -q '^State:.*Z' "/proc/$bridge_pid/status" 2>/dev/null; then gone=yes; break; fi
+    sleep 0.05
+done
+[ -n "$bridge_pid" ] && [ $gone = yes ] && ok "a game killed with SIGKILL takes its bridge within 1 s" \
+    || { bad "the bridge (pid ${bridge_pid:-?}) outlived its killed game by 1 s"; kill -KILL "$bridge_pid" 2>/dev/null; }
+
 [ $FAIL -eq 0 ] && echo "shell client: PASS" || echo "shell client: FAIL"
 exit $FAIL
