@@ -797,6 +797,11 @@ class Npc:
         # Commit: the one place history changes. Nothing before this point is kept on failure.
         if turn.remember:
             self._commit(working, tokens)
+        self._put_completed(turn, view, text, answer, records, usage, step, finish, warnings)
+
+    def _put_completed(
+        self, turn: Turn, view: View, text: str, answer: Any, records: list[m.ToolRecord], usage: Usage, steps: int, finish: str, warnings: list[str]
+    ) -> None:
         turn.move("completed")
         self._put(
             turn,
@@ -805,7 +810,7 @@ class Npc:
             json=answer,
             tool_calls=records,
             usage=usage,
-            steps=step,
+            steps=steps,
             finish_reason=finish,
             warnings=warnings,
             world_revision=view.revision,
@@ -868,19 +873,7 @@ class Npc:
         p = turn.params
         await self._emit(turn, m.TextDelta, delta=line, text=line if p.full_text else None, is_reset=turn.shown)
         await trio.lowlevel.checkpoint_if_cancelled()
-        turn.move("completed")
-        self._put(
-            turn,
-            m.TurnCompleted,
-            text=line,
-            json=None,
-            tool_calls=records,
-            usage=usage,
-            steps=steps,
-            finish_reason="fallback",
-            warnings=warnings,
-            world_revision=view.revision,
-        )
+        self._put_completed(turn, view, line, None, records, usage, steps, "fallback", warnings)
 
     async def _prewarm(self, turn: Turn) -> None:
         """``npc/prewarm``: hand the engine the step the NPC would run now, to prepare."""
@@ -908,8 +901,7 @@ class Npc:
         if prewarm is not None:
             usage = await prewarm(req)
         await trio.lowlevel.checkpoint_if_cancelled()
-        turn.move("completed")
-        self._put(turn, m.TurnCompleted, text="", json=None, tool_calls=[], usage=usage, steps=0, finish_reason="prewarmed", world_revision=view.revision)
+        self._put_completed(turn, view, "", None, [], usage, 0, "prewarmed", [])
 
     def _steer(self, p: m.RespondParams, step: int, rounds: int, calls_made: int, view: View, direct: bool) -> tuple[list[ToolSpec], ToolMode]:
         """Tool mode and visible tools for one step: ``required``/named/``tool_or_answer``
