@@ -28,7 +28,7 @@ build() {
     mkdir -p "$out"
     for src in "$CORE"/oam_line_framer.cpp "$CORE"/oam_process.cpp "$CORE"/oam_client.cpp \
                "$HERE"/tests/framer_test.cpp "$HERE"/tests/scenario_test.cpp "$BUILD"/quickstart.cpp \
-               "$BUILD"/gamelayer.cpp; do
+               "$BUILD"/gamelayer.cpp "$HERE"/tests/orphan_test.cpp; do
         obj="$out/$(basename "${src%.cpp}").o"
         if [ "$obj" -nt "$src" ] && [ "$obj" -nt "$HERE/run_tests.sh" ] && ! newer_header "$obj"; then continue; fi
         "$CXX" "${CXXFLAGS[@]}" "$@" -c "$src" -o "$obj" & pids+=($!)
@@ -38,7 +38,8 @@ build() {
     "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/framer_test.o "$out"/oam_line_framer.o "$out"/oam_process.o -o "$out"/framer_test &&
     "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/scenario_test.o "$out"/oam_*.o -o "$out"/scenario_test &&
     "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/quickstart.o "$out"/oam_*.o -o "$out"/quickstart &&
-    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/gamelayer.o "$out"/oam_*.o -o "$out"/gamelayer
+    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/gamelayer.o "$out"/oam_*.o -o "$out"/gamelayer &&
+    "$CXX" "${CXXFLAGS[@]}" "$@" "$out"/orphan_test.o "$out"/oam_*.o -o "$out"/orphan_test
 }
 
 # the README's ```cpp blocks, verbatim (each rewritten only when it changed): 1 quick start, 2 game layer
@@ -61,6 +62,37 @@ echo "# build (g++ ${CXXFLAGS[*]})"
 t0=$SECONDS
 if build plain; then echo "ok   - build, no warnings ($((SECONDS - t0)) s)"; else echo "FAIL - build"; exit 1; fi
 
+# The core as Unreal's Linux sysroot (glibc 2.17) sees it: functions glibc added later are
+# poisoned by tests/old_glibc.h (posix_spawn_file_actions_addchdir_np needed 2.29).
+if "$CXX" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -include "$HERE/tests/old_glibc.h" -I"$CORE" \
+        "$CORE"/oam_process.cpp "$CORE"/oam_client.cpp "$CORE"/oam_line_framer.cpp; then
+    echo "ok   - core uses nothing newer than glibc 2.17 (Unreal's Linux sysroot; tests/old_glibc.h)"
+else
+    echo "FAIL - core uses a glibc function newer than Unreal's Linux sysroot (see tests/old_glibc.h)"; FAIL=1
+fi
+
+# The Windows path (CreateProcessW with STARTUPINFOEX + PROC_THREAD_ATTRIBUTE_HANDLE_LIST, the job
+# object): compiled and linked with MinGW-w64 when it is installed (apt-get install
+# g++-mingw-w64-x86-64-posix), not run (no Windows here). With OAM_REQUIRE_MINGW=1 its absence fails.
+MINGW=${MINGW_CXX:-x86_64-w64-mingw32-g++-posix}
+command -v "$MINGW" >/dev/null || MINGW=x86_64-w64-mingw32-g++
+if command -v "$MINGW" >/dev/null; then
+    mkdir -p "$BUILD/win/include"
+    nl=$(echo '#include <nlohmann/json.hpp>' | "$CXX" -std=c++17 -E -H -x c++ - 2>&1 >/dev/null | awk '/nlohmann\/json.hpp/ {print $2; exit}')
+    [ -n "$nl" ] && ln -sfn "$(dirname "$nl")" "$BUILD/win/include/nlohmann"
+    if "$MINGW" -std=c++17 -O1 -Wall -Wextra -Werror -D_WIN32_WINNT=0x0A00 -I"$CORE" -I"$BUILD/win/include" \
+            "$CORE"/oam_process.cpp "$CORE"/oam_client.cpp "$CORE"/oam_line_framer.cpp "$HERE"/tests/orphan_test.cpp \
+            -static -o "$BUILD/win/orphan_test.exe"; then
+        echo "ok   - Windows core compiles and links with MinGW-w64 ($MINGW; not run: no Windows here)"
+    else
+        echo "FAIL - Windows core does not compile with $MINGW"; FAIL=1
+    fi
+elif [ "${OAM_REQUIRE_MINGW:-0}" = 1 ]; then
+    echo "FAIL - no MinGW-w64 compiler (OAM_REQUIRE_MINGW=1)"; FAIL=1
+else
+    echo "ok   - Windows core not compiled: no MinGW-w64 here (apt-get install g++-mingw-w64-x86-64-posix)  # SKIP"
+fi
+
 # The Unreal layer cannot be compiled without the engine; type-check it against tests/ue_stubs
 # (hand-written stand-ins for the few UE declarations it uses: catches C++ mistakes, not UE ones).
 if "$CXX" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I"$HERE/tests/ue_stubs" -I"$HERE/Source/OamBridge/Public" \
@@ -75,6 +107,38 @@ echo "# framer_test"
 timeout 60 "$BUILD/plain/framer_test" || FAIL=1
 echo "# scenario_test"
 timeout 120 "$BUILD/plain/scenario_test" "$HERE/../scenario.json" || FAIL=1
+# A crashing game never orphans the bridge: orphan_test (the "game") starts it through the client,
+# prints its pid and waits; we kill the game with SIGKILL and give the bridge 1 s to be gone.
+gone_within() { # gone_within PID SECONDS: true when PID is gone (or a zombie) in time
+    local deadline=$((SECONDS + $2 + 1)) t0; t0=$(date +%s%N)
+    while :; do
+        if ! kill -0 "$1" 2>/dev/null || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; then
+            GONE_MS=$((($(date +%s%N) - t0) / 1000000)); [ $GONE_MS -le $(($2 * 1000)) ]; return; fi
+        [ $SECONDS -ge $deadline ] && { GONE_MS=-1; return 1; }
+        sleep 0.02
+    done
+}
+orphan_check() { # orphan_check LABEL ARGS... (orphan_test's arguments)
+    local label=$1 fifo game line bpid; shift
+    fifo=$(mktemp -u "$BUILD/orphan.XXXXXX"); mkfifo "$fifo"
+    "$BUILD/plain/orphan_test" "$@" >"$fifo" 2>"$BUILD/orphan.err" & game=$!
+    line=""; read -r -t 60 line <"$fifo"; rm -f "$fifo"
+    bpid=${line#bridge-pid }
+    if [ -z "$line" ] || [ "$bpid" = "$line" ] || ! kill -0 "$bpid" 2>/dev/null; then
+        echo "FAIL - $label: the game did not report a running bridge ($line; $(head -c 300 "$BUILD/orphan.err"))"; kill -9 $game 2>/dev/null; FAIL=1; return
+    fi
+    kill -9 "$game"; wait "$game" 2>/dev/null
+    if gone_within "$bpid" 1; then
+        echo "ok   - $label: the bridge (pid $bpid) is gone ${GONE_MS} ms after the game's SIGKILL"
+    else
+        echo "FAIL - $label: the bridge (pid $bpid) outlived the game's SIGKILL by more than 1 s"; kill -9 "$bpid" 2>/dev/null; FAIL=1
+    fi
+}
+echo "# game killed with SIGKILL"
+orphan_check "bridge, initialized" "${BRIDGE_ARGV[@]}"
+# A child that ignores stdin EOF: only the parent-death signal (Linux) can end it.
+orphan_check "a child that ignores stdin EOF (parent-death signal)" --no-initialize sleep 30
+
 echo "# README quick start"
 if [ -n "$OVERRIDDEN" ]; then
     echo "ok   - quick start and game-layer example skipped (they hard-code the default command; OAM_BRIDGE_CMD is set)  # SKIP"

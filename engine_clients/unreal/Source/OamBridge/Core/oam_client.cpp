@@ -719,7 +719,7 @@ Client::Client(ClientOptions options) : impl_(std::make_shared<Impl>()) {
     if (!options.dispatcher) options.dispatcher = [](std::function<void()> f) { f(); };
     if (!options.onLog) options.onLog = [](const std::string& line) { std::cerr << "[oam-bridge] " << line << '\n'; };
     impl_->opts = std::move(options);
-    impl_->proc = Process::spawn(SpawnOptions{impl_->opts.command, impl_->opts.workingDirectory});
+    impl_->proc = Process::spawn(SpawnOptions{impl_->opts.command, impl_->opts.workingDirectory, impl_->opts.dieWithParent});
     std::shared_ptr<Impl> self = impl_;
     impl_->writerThread = std::thread([self] { self->writerLoop(); });
     impl_->errThread = std::thread([self] { self->stderrLoop(); });

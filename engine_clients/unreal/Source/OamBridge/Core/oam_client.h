@@ -138,6 +138,9 @@ private:
 struct ClientOptions {
     std::vector<std::string> command;      // e.g. {"python", "-m", "bridge"}; see splitCommandLine
     std::string workingDirectory;          // empty: inherit
+    // The bridge dies with the thread that constructs this client, even on SIGKILL (see
+    // SpawnOptions::dieWithParent in oam_process.h): construct it on a long-lived thread.
+    bool dieWithParent = true;
     // Runs event, turn, tool-handler and request callbacks. Default: inline on the reader
     // thread (then never block on a future of this client inside a callback).
     Dispatcher dispatcher;

@@ -1,4 +1,4 @@
-// oam_process.cpp - POSIX (posix_spawnp) and Windows (CreateProcessW) implementations.
+// oam_process.cpp - POSIX (fork/exec) and Windows (CreateProcessW) implementations.
 #include "oam_process.h"
 
 #include <mutex>
@@ -12,13 +12,23 @@
 #ifndef NOMINMAX
 #define NOMINMAX
 #endif
+#if defined(PLATFORM_WINDOWS) && PLATFORM_WINDOWS  // inside an Unreal build (its PCH is force-included)
+#include "Windows/AllowWindowsPlatformTypes.h"
 #include <windows.h>
+#include "Windows/HideWindowsPlatformTypes.h"
+#else
+#include <windows.h>
+#endif
 #else
 #include <cerrno>
 #include <csignal>
 #include <fcntl.h>
 #include <pthread.h>
-#include <spawn.h>
+#include <cstdlib>
+#include <cstring>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,12 +144,83 @@ struct Process::Impl {
 
 Process::Process(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+namespace {
+
+// Where execve should look for argv[0], like execvp: argv[0] itself when it holds a '/', else each
+// PATH entry (an empty one is the working directory). Built before fork: the child must not allocate.
+std::vector<std::string> executableCandidates(const std::string& file) {
+    if (file.find('/') != std::string::npos) return {file};
+    const char* path = std::getenv("PATH");
+    const std::string dirs = path ? path : "/bin:/usr/bin";
+    std::vector<std::string> out;
+    std::size_t begin = 0;
+    for (;;) {
+        const std::size_t colon = dirs.find(':', begin);
+        const std::string dir = dirs.substr(begin, colon == std::string::npos ? std::string::npos : colon - begin);
+        out.push_back(dir.empty() ? file : dir + "/" + file);
+        if (colon == std::string::npos) break;
+        begin = colon + 1;
+    }
+    return out;
+}
+
+[[noreturn]] void failChild(int statusFd, int err) {
+    while (::write(statusFd, &err, sizeof err) < 0 && errno == EINTR) {
+    }
+    ::_exit(127);
+}
+
+// The child between fork and exec: async-signal-safe calls only (the game has other threads,
+// and the child has a copy of their locks). Reports a failure as an errno on statusFd.
+[[noreturn]] void execChild(const std::vector<const char*>& candidates, char* const* argv, const char* cwd,
+                            int stdinFd, int stdoutFd, int stderrFd, int statusFd, bool dieWithParent, pid_t parent) {
+    auto fail = [statusFd](int err) { failChild(statusFd, err); };
+    // Its own process group, so kill() reaches anything it started and a terminal's Ctrl-C does
+    // not (the bridge exits on stdin EOF when the game goes away).
+    if (::setpgid(0, 0) != 0) fail(errno);
+#if defined(__linux__)
+    // The game crashing (even SIGKILL) must not orphan the bridge: the kernel sends SIGKILL when
+    // the thread that spawned it exits. The parent may already be gone: then exit now.
+    if (dieWithParent) {
+        if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(errno);
+        if (::getppid() != parent) ::_exit(127);
+    }
+#else
+    (void)dieWithParent;
+    (void)parent;
+#endif
+    if (::dup2(stdinFd, 0) < 0 || ::dup2(stdoutFd, 1) < 0 || ::dup2(stderrFd, 2) < 0) fail(errno);
+    // dup2 cleared close-on-exec on 0/1/2; every other descriptor of ours stays close-on-exec.
+    // Default signal handling and an empty mask, whatever the game's threads had.
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);  // EINVAL for reserved ones: fine
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // chdir in the child: posix_spawn_file_actions_addchdir_np would need glibc 2.29, newer than
+    // Unreal's Linux sysroot (tests/old_glibc.h keeps it out).
+    if (cwd != nullptr && ::chdir(cwd) != 0) fail(errno);
+    int err = ENOENT;
+    for (const char* candidate : candidates) {
+        ::execve(candidate, argv, environ);
+        if (errno != ENOENT && errno != ENOTDIR) err = errno;  // e.g. EACCES: remember it, keep looking
+    }
+    failChild(statusFd, err);
+}
+
+}  // namespace
+
 std::unique_ptr<Process> Process::spawn(const SpawnOptions& options) {
     if (options.argv.empty()) throw std::system_error(EINVAL, std::generic_category(), "empty command");
     auto impl = std::make_unique<Impl>();
-    int inP[2] = {-1, -1}, outP[2] = {-1, -1}, errP[2] = {-1, -1};
+    int inP[2] = {-1, -1}, outP[2] = {-1, -1}, errP[2] = {-1, -1}, statusP[2] = {-1, -1};
     auto closeAll = [&] {
-        for (int* p : {inP, outP, errP}) {
+        for (int* p : {inP, outP, errP, statusP}) {
             closeFd(p[0]);
             closeFd(p[1]);
         }
@@ -148,47 +229,47 @@ std::unique_ptr<Process> Process::spawn(const SpawnOptions& options) {
         makePipe(inP);
         makePipe(outP);
         makePipe(errP);
+        makePipe(statusP);  // close-on-exec: EOF on a successful exec, an errno if it failed
     } catch (...) {
         closeAll();
         throw;
     }
 
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    // dup2 clears close-on-exec on the targets; every other pipe end stays close-on-exec.
-    posix_spawn_file_actions_adddup2(&fa, inP[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, outP[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, errP[1], 2);
-    int rc = 0;
-    if (!options.workingDirectory.empty())
-        rc = posix_spawn_file_actions_addchdir_np(&fa, options.workingDirectory.c_str());
-    // Default signal handling and an empty mask in the child, whatever this thread has; its
-    // own process group, so kill() reaches anything it started and a terminal's Ctrl-C does
-    // not (the bridge exits on stdin EOF when the game goes away).
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-
+    // Everything the child needs, allocated before fork.
+    const std::vector<std::string> candidates = executableCandidates(options.argv[0]);
+    std::vector<const char*> candidatePtrs;
+    for (const auto& c : candidates) candidatePtrs.push_back(c.c_str());
     std::vector<char*> argv;
     argv.reserve(options.argv.size() + 1);
     for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (rc == 0) rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
+    const char* cwd = options.workingDirectory.empty() ? nullptr : options.workingDirectory.c_str();
+    const pid_t parent = ::getpid();
+
+    // No signal handler of the game may run in the child before exec.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    const pid_t pid = ::fork();
+    if (pid == 0)
+        execChild(candidatePtrs, argv.data(), cwd, inP[0], outP[1], errP[1], statusP[1], options.dieWithParent, parent);
+    const int forkErr = errno;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) {
         closeAll();
-        throw std::system_error(rc, std::generic_category(), "posix_spawnp " + options.argv[0]);
+        throw std::system_error(forkErr, std::generic_category(), "fork");
+    }
+    closeFd(statusP[1]);
+    int childErr = 0;
+    ssize_t n;
+    while ((n = ::read(statusP[0], &childErr, sizeof childErr)) < 0 && errno == EINTR) {
+    }
+    if (n == static_cast<ssize_t>(sizeof childErr)) {  // setpgid, chdir or exec failed: reap the child
+        int st = 0;
+        while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        closeAll();
+        throw std::system_error(childErr, std::generic_category(), "spawn " + options.argv[0]);
     }
     impl->pid = pid;
     impl->in = inP[1];
@@ -326,6 +407,7 @@ long readH(HANDLE h, char* buffer, std::size_t size) {
 
 struct Process::Impl {
     HANDLE process = nullptr;
+    HANDLE job = nullptr;  // kill-on-close: the bridge (and what it started) dies with the game
     DWORD pid = 0;
     HANDLE in = nullptr, out = nullptr, err = nullptr;
     ~Impl() {
@@ -333,6 +415,7 @@ struct Process::Impl {
         closeH(out);
         closeH(err);
         closeH(process);
+        closeH(job);  // JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: ends a bridge still in it
     }
 };
 
@@ -342,9 +425,13 @@ std::unique_ptr<Process> Process::spawn(const SpawnOptions& options) {
     if (options.argv.empty()) throw std::system_error(ERROR_INVALID_PARAMETER, std::system_category(), "empty command");
     SECURITY_ATTRIBUTES sa{static_cast<DWORD>(sizeof(SECURITY_ATTRIBUTES)), nullptr, TRUE};
     HANDLE inR = nullptr, inW = nullptr, outR = nullptr, outW = nullptr, errR = nullptr, errW = nullptr;
+    HANDLE job = nullptr;
+    LPPROC_THREAD_ATTRIBUTE_LIST attrs = nullptr;
+    std::vector<char> attrsBuffer;
     auto fail = [&](const char* what) {
         const DWORD e = GetLastError();
-        for (HANDLE* h : {&inR, &inW, &outR, &outW, &errR, &errW}) closeH(*h);
+        if (attrs != nullptr) DeleteProcThreadAttributeList(attrs);
+        for (HANDLE* h : {&inR, &inW, &outR, &outW, &errR, &errW, &job}) closeH(*h);
         throw std::system_error(static_cast<int>(e), std::system_category(), what);
     };
     if (!CreatePipe(&inR, &inW, &sa, 0) || !CreatePipe(&outR, &outW, &sa, 0) || !CreatePipe(&errR, &errW, &sa, 0))
@@ -354,28 +441,67 @@ std::unique_ptr<Process> Process::spawn(const SpawnOptions& options) {
     SetHandleInformation(outR, HANDLE_FLAG_INHERIT, 0);
     SetHandleInformation(errR, HANDLE_FLAG_INHERIT, 0);
 
+    // bInheritHandles=TRUE alone would hand the bridge every inheritable handle of the game
+    // (sockets, files, other children's pipes, whose readers then never see EOF). The handle
+    // list restricts inheritance to the child's three pipe ends.
+    HANDLE inherited[3] = {inR, outW, errW};
+    SIZE_T attrsSize = 0;
+    InitializeProcThreadAttributeList(nullptr, 1, 0, &attrsSize);
+    attrsBuffer.resize(attrsSize);
+    attrs = reinterpret_cast<LPPROC_THREAD_ATTRIBUTE_LIST>(attrsBuffer.data());
+    if (!InitializeProcThreadAttributeList(attrs, 1, 0, &attrsSize)) {
+        attrs = nullptr;
+        fail("InitializeProcThreadAttributeList");
+    }
+    if (!UpdateProcThreadAttribute(attrs, 0, PROC_THREAD_ATTRIBUTE_HANDLE_LIST, inherited, sizeof inherited, nullptr,
+                                   nullptr))
+        fail("UpdateProcThreadAttribute");
+
+    // A job object that kills its processes when its last handle closes: ours closes when the
+    // game exits or crashes, so the bridge never outlives it. Created suspended and resumed once
+    // in the job, so nothing it starts escapes. Best effort: a game already in a job that
+    // forbids nesting (Windows 7) runs the bridge without one (it still exits on stdin EOF).
+    if (options.dieWithParent) {
+        job = CreateJobObjectW(nullptr, nullptr);  // not inheritable
+        if (job != nullptr) {
+            JOBOBJECT_EXTENDED_LIMIT_INFORMATION limits{};
+            limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
+            if (!SetInformationJobObject(job, JobObjectExtendedLimitInformation, &limits, sizeof limits)) closeH(job);
+        }
+    }
+
     std::wstring cmd;
     for (const auto& a : options.argv) {
         if (!cmd.empty()) cmd += L' ';
         cmd += quoteArg(widen(a));
     }
     const std::wstring cwd = widen(options.workingDirectory);
-    STARTUPINFOW si{};
-    si.cb = sizeof(si);
-    si.dwFlags = STARTF_USESTDHANDLES;
-    si.hStdInput = inR;
-    si.hStdOutput = outW;
-    si.hStdError = errW;
+    STARTUPINFOEXW si{};
+    si.StartupInfo.cb = sizeof(si);
+    si.StartupInfo.dwFlags = STARTF_USESTDHANDLES;
+    si.StartupInfo.hStdInput = inR;
+    si.StartupInfo.hStdOutput = outW;
+    si.StartupInfo.hStdError = errW;
+    si.lpAttributeList = attrs;
     PROCESS_INFORMATION pi{};
-    if (!CreateProcessW(nullptr, &cmd[0], nullptr, nullptr, TRUE, CREATE_NO_WINDOW | CREATE_NEW_PROCESS_GROUP,
-                        nullptr, cwd.empty() ? nullptr : cwd.c_str(), &si, &pi))
+    const DWORD flags = CREATE_NO_WINDOW | CREATE_NEW_PROCESS_GROUP | EXTENDED_STARTUPINFO_PRESENT |
+                        (job != nullptr ? CREATE_SUSPENDED : 0);
+    if (!CreateProcessW(nullptr, &cmd[0], nullptr, nullptr, TRUE, flags, nullptr, cwd.empty() ? nullptr : cwd.c_str(),
+                        &si.StartupInfo, &pi))
         fail("CreateProcessW");
+    DeleteProcThreadAttributeList(attrs);
+    attrs = nullptr;
+    if (job != nullptr) {
+        if (!AssignProcessToJobObject(job, pi.hProcess)) closeH(job);
+        ResumeThread(pi.hThread);
+    }
     CloseHandle(pi.hThread);
     closeH(inR);
     closeH(outW);
     closeH(errW);
     auto impl = std::make_unique<Impl>();
     impl->process = pi.hProcess;
+    impl->job = job;
     impl->pid = pi.dwProcessId;
     impl->in = inW;
     impl->out = outR;
@@ -414,7 +540,9 @@ std::optional<int> Process::waitFor(std::chrono::milliseconds timeout) {
 }
 
 void Process::terminate() { TerminateProcess(impl_->process, 1); }
-void Process::kill() { TerminateProcess(impl_->process, 1); }
+void Process::kill() {  // the whole job when there is one: what the bridge started goes too
+    if (impl_->job == nullptr || !TerminateJobObject(impl_->job, 1)) TerminateProcess(impl_->process, 1);
+}
 long Process::pid() const { return static_cast<long>(impl_->pid); }
 
 #endif

@@ -14,6 +14,11 @@ namespace oam {
 struct SpawnOptions {
     std::vector<std::string> argv;  // argv[0] is looked up on PATH
     std::string workingDirectory;   // empty: inherit
+    // The child dies with the spawning thread, even when the game is killed with SIGKILL (Linux:
+    // PR_SET_PDEATHSIG; so spawn from a thread that lives as long as the bridge should, e.g. the
+    // game thread). Windows: a job object kills it when the game's handle to the job closes.
+    // Everywhere: the bridge also exits on stdin EOF, which a dead game causes.
+    bool dieWithParent = true;
 };
 
 // Splits a command line on whitespace; single and double quotes group, backslash escapes.
