@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds the Unity client's engine-agnostic core (Runtime/*.cs, not Runtime/Unity) with Mono and
-# runs Tests~/ScenarioTest.cs (../scenario.json) plus the README's examples against the bridge.
+# Builds the Unity client's engine-agnostic core (Runtime/*.cs) with Mono and runs
+# Tests~/ScenarioTest.cs (../scenario.json) plus the README's examples against the bridge; then
+# compiles the Unity layer, the editor build step and the sample against UnityEngine/UnityEditor
+# stubs (Tests~/Stubs) and runs Tests~/Unity/UnityLayerTest.cs; then kills a "game" with SIGKILL and
+# checks its bridge is gone within 1 s.
 # Needs mcs + mono (apt: mono-mcs) and Newtonsoft.Json (apt: libnewtonsoft-json-cil-dev).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,5 +37,51 @@ mcs -langversion:7 -debug -warn:4 -target:exe -out:"$BUILD/ScenarioTest.exe" \
     -r:"$NEWTONSOFT" -r:"$BUILD/OamBridge.Runtime.dll" "${TESTS[@]}" "${README[@]}"
 cp -f "$NEWTONSOFT" "$BUILD/"
 
+# the Unity layer (Runtime/Unity), the editor build step (Editor/) and the sample (Samples~), compiled
+# against stubs of UnityEngine/UnityEditor copied in shape from Unity's C# reference (Tests~/Stubs),
+# then run by Tests~/Unity/UnityLayerTest.cs against the real bridge
+mapfile -t UNITY < <(find "$HERE/Runtime/Unity" -maxdepth 1 -name '*.cs' | sort)
+mapfile -t EDITOR < <(find "$HERE/Editor" -maxdepth 1 -name '*.cs' | sort)
+mapfile -t SAMPLE < <(find "$HERE/Samples~" -name '*.cs' | sort)
+echo "== mcs: UnityEngine/UnityEditor stubs, ${#UNITY[@]} Unity layer + ${#EDITOR[@]} editor + ${#SAMPLE[@]} sample files"
+MCS=(mcs -langversion:7 -debug -warn:4 -warnaserror+ -nowarn:1591)
+"${MCS[@]}" -target:library -nowarn:414 -out:"$BUILD/UnityEngine.dll" "$HERE/Tests~/Stubs/UnityEngine.cs"
+"${MCS[@]}" -target:library -out:"$BUILD/UnityEditor.dll" -r:"$BUILD/UnityEngine.dll" "$HERE/Tests~/Stubs/UnityEditor.cs"
+"${MCS[@]}" -target:library -out:"$BUILD/OamBridge.Unity.dll" -r:"$NEWTONSOFT" -r:"$BUILD/OamBridge.Runtime.dll" \
+    -r:"$BUILD/UnityEngine.dll" "${UNITY[@]}"
+"${MCS[@]}" -target:library -out:"$BUILD/OamBridge.Editor.dll" -r:"$BUILD/OamBridge.Runtime.dll" \
+    -r:"$BUILD/OamBridge.Unity.dll" -r:"$BUILD/UnityEngine.dll" -r:"$BUILD/UnityEditor.dll" "${EDITOR[@]}"
+"${MCS[@]}" -target:library -out:"$BUILD/OamBridge.Sample.dll" -r:"$NEWTONSOFT" -r:"$BUILD/OamBridge.Runtime.dll" \
+    -r:"$BUILD/OamBridge.Unity.dll" -r:"$BUILD/UnityEngine.dll" "${SAMPLE[@]}"
+"${MCS[@]}" -target:exe -out:"$BUILD/UnityLayerTest.exe" -r:"$NEWTONSOFT" -r:"$BUILD/OamBridge.Runtime.dll" \
+    -r:"$BUILD/OamBridge.Unity.dll" -r:"$BUILD/OamBridge.Editor.dll" -r:"$BUILD/OamBridge.Sample.dll" \
+    -r:"$BUILD/UnityEngine.dll" -r:"$BUILD/UnityEditor.dll" "$HERE/Tests~/Unity/UnityLayerTest.cs"
+
 cd "$ROOT"   # so `python -m bridge` finds the package
-exec mono --debug "$BUILD/ScenarioTest.exe" "$HERE/../scenario.json" "$ROOT"
+STATUS=0
+echo "== core: scenario against the bridge"
+mono --debug "$BUILD/ScenarioTest.exe" "$HERE/../scenario.json" "$ROOT" || STATUS=1
+echo "== Unity layer against the bridge"
+mono --debug "$BUILD/UnityLayerTest.exe" "$ROOT" "$HERE" || STATUS=1
+
+# the game crashes: a "game" starts the bridge through OamNpc, is killed with SIGKILL, and the
+# bridge must be gone within 1 s (it exits on stdin EOF)
+echo "== SIGKILL of the game"
+PIDFILE=$(mktemp -u "${TMPDIR:-/tmp}/oam-unity-game.XXXXXX")
+mono --debug "$BUILD/UnityLayerTest.exe" --game "$PIDFILE" "$ROOT" &
+GAME=$!
+for _ in $(seq 1 400); do [ -s "$PIDFILE" ] || ! kill -0 "$GAME" 2>/dev/null && break; sleep 0.05; done
+if [ ! -s "$PIDFILE" ]; then
+    echo "FAIL - the game did not start the bridge"; kill -9 "$GAME" 2>/dev/null; STATUS=1
+else
+    BRIDGE=$(cat "$PIDFILE"); rm -f "$PIDFILE"
+    gone() { [ ! -e "/proc/$1" ] || [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" = Z ]; }
+    if gone "$BRIDGE"; then echo "FAIL - the bridge $BRIDGE was not running"; STATUS=1; fi
+    START=$(date +%s%N)
+    kill -9 "$GAME"; wait "$GAME" 2>/dev/null || true
+    while ! gone "$BRIDGE" && [ $(( ($(date +%s%N) - START) / 1000000 )) -lt 1000 ]; do sleep 0.02; done
+    MS=$(( ($(date +%s%N) - START) / 1000000 ))
+    if gone "$BRIDGE"; then echo "ok   - game killed with SIGKILL: the bridge exited within 1 s (${MS} ms)"
+    else echo "FAIL - game killed with SIGKILL: the bridge $BRIDGE still runs after ${MS} ms"; kill -9 "$BRIDGE"; STATUS=1; fi
+fi
+exit $STATUS

@@ -114,6 +114,9 @@ namespace Oam.Bridge
         /// <summary>False once the bridge closed its output (exited) or the client was disposed.</summary>
         public bool IsRunning => Volatile.Read(ref _closed) == null && Volatile.Read(ref _disposed) == 0;
 
+        /// <summary>The bridge process's id (e.g. to check it is gone after the game quits).</summary>
+        public int ProcessId => _process.Id;
+
         /// <summary>Completes with the bridge's exit code when the process has exited.</summary>
         public Task<int> WaitForExitAsync() => _exited.Task;
 
