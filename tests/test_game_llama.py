@@ -7,13 +7,15 @@ the game, and another NPC's line keeps its speaker."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
 from bridge.engines import llama
 
-from .conftest import Client, open_bridge
+from .conftest import Client, Proc, open_bridge
 
 pytestmark = pytest.mark.skipif(
     not llama.availability()[0] and os.environ.get("CI") != "true", reason=f"llama engine unavailable: {llama.availability()[1]}"
@@ -22,10 +24,21 @@ OPTS = {"temperature": 0, "seed": 3, "maxTokens": 40}
 MENU_TOOL = {"name": "get_menu", "description": "Look up what the tavern serves and the prices.", "parameters": {"type": "object", "properties": {}}}
 
 
-async def llama_client(nursery: trio.Nursery) -> Client:
-    p = await open_bridge(nursery, "--engine", "llama")
-    await p.client.initialize()
-    return p.client
+@asynccontextmanager
+async def llama_client() -> AsyncIterator[Client]:
+    """A llama bridge subprocess, ended (stdin closed: it must exit 0) when the block ends."""
+    async with trio.open_nursery() as nursery:
+        p: Proc = await open_bridge(nursery, "--engine", "llama")
+        with trio.fail_after(120):
+            await p.client.initialize()
+        try:
+            yield p.client
+        finally:
+            await p.process.stdin.aclose()  # type: ignore[union-attr]
+            with trio.fail_after(10):
+                status = await p.process.wait()
+            nursery.cancel_scope.cancel()
+        assert status == 0
 
 
 async def first_of(c: Client, turn_id: str, methods: tuple[str, ...]) -> dict:
@@ -37,8 +50,7 @@ async def first_of(c: Client, turn_id: str, methods: tuple[str, ...]) -> dict:
 
 
 async def test_world_facts_decisions_and_prewarm_on_the_real_model() -> None:
-    async with trio.open_nursery() as nursery:
-        c = await llama_client(nursery)
+    async with llama_client() as c:
         with trio.fail_after(240):
             assert (await c.call("world/set", {"key": "gate", "value": "barred for the storm", "tags": ["village"]}))["revision"] == 1
             await c.call("npc/create", {"npcId": "bram", "persona": {"name": "Bram", "role": "the gate guard"}, "tags": ["village"], "options": OPTS})
@@ -64,8 +76,7 @@ async def test_world_facts_decisions_and_prewarm_on_the_real_model() -> None:
 
 
 async def test_lore_respond_directly_and_speakers_on_the_real_model() -> None:
-    async with trio.open_nursery() as nursery:
-        c = await llama_client(nursery)
+    async with llama_client() as c:
         with trio.fail_after(240):
             await c.call("world/set", {"key": "the old keep", "value": "Built by King Aldric two hundred years ago.", "lore": True})
             await c.call("npc/create", {"npcId": "sage", "persona": {"name": "Mira", "role": "the village sage"}, "options": OPTS})
