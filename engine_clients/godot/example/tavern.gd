@@ -4,10 +4,13 @@ extends Control
 ## She carries the tag "tavern", so she knows the world fact scoped to it (the weather); she
 ## is prewarmed while the scene opens, and a line her guardrails block gets a fallback line.
 
+const OamBridgeClient := preload("res://addons/oam_bridge/oam_bridge.gd")
+const OamProtocol := preload("res://addons/oam_bridge/oam_protocol.gd")
 const NPC_ID := "keeper"
 
-## Bridge executable; "" means <repo>/.venv/bin/oam-bridge (this project lives in
-## engine_clients/godot of the oam-bridge repo).
+## Bridge executable; "" means the shipped bridge next to the game's executable in an export,
+## and <repo>/.venv/bin/oam-bridge in the editor (this project lives in engine_clients/godot
+## of the oam-bridge repo).
 @export var bridge_command: String = ""
 @export var bridge_arguments: PackedStringArray = PackedStringArray(["--engine", "scripted"])
 ## npc/create's engine: "scripted" plays a fixed script (below); "auto" lets the bridge pick.
@@ -31,14 +34,12 @@ func _ready() -> void:
 	bridge.tool_call_requested.connect(_on_tool_call_requested)
 	bridge.turn_completed.connect(_on_turn_completed)
 	bridge.turn_failed.connect(_on_turn_failed)
-	bridge.register_tool("check_inventory", _check_inventory)
 	input.text_submitted.connect(_on_input_submitted)
 	input.editable = false
 
 	var command := bridge_command
 	if command.is_empty():
-		var repo := ProjectSettings.globalize_path("res://").path_join("../..").simplify_path()
-		command = repo.path_join(".venv/bin/oam-bridge")
+		command = OamBridgeClient.shipped_bridge_path("res://../../.venv/bin/oam-bridge")
 	if not bridge.start(command, bridge_arguments):
 		_say("[color=red]could not start %s[/color]" % command)
 		return
@@ -63,8 +64,9 @@ func _keeper_config() -> Dictionary:
 	var item_schema := {
 		"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]
 	}
-	var inventory_tool := OamProtocol.tool_spec(
-		"check_inventory", "How many of an item the tavern has", item_schema
+	# Declared once: the handler is registered and its definition goes to npc/create.
+	var inventory_tool := bridge.tool(
+		_check_inventory, "How many of an item the tavern has", item_schema
 	)
 	var config := {
 		"persona":

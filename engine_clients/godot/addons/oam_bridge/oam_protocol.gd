@@ -1,8 +1,9 @@
-class_name OamProtocol
 extends RefCounted
 ## Pure protocol logic for oam-bridge (protocol.md, version 1): JSON-RPC 2.0, one message
 ## per line. No I/O, no nodes, no signals, no state: every function maps values to values,
-## so this file can be reviewed against protocol.md on its own.
+## so this file can be reviewed against protocol.md on its own. No class_name (a project
+## without the editor's class cache still loads it): preload it,
+##   const OamProtocol := preload("res://addons/oam_bridge/oam_protocol.gd")
 ## tests/replay_test.py ports each function here line for line and replays the shared
 ## scenario against the real bridge with the lines these functions build.
 
@@ -70,6 +71,30 @@ const GUARDRAIL_RETRY := "retry"  # one more try as plain text, then the fallbac
 
 ## npc/respond "toolChoice": a tool, or answer directly (the bridge adds respond_directly).
 const TOOL_CHOICE_TOOL_OR_ANSWER := "tool_or_answer"
+
+## Event fields protocol.md defines as integers (Godot parses every JSON number as a float;
+## typed_event gives these back as ints). "usage" holds integer token counts.
+const EVENT_INT_FIELDS := [
+	"seq",
+	"worldRevision",
+	"steps",
+	"droppedTurns",
+	"keptTurns",
+	"promptTokens",
+	"contextSize",
+	"timeoutMs"
+]
+const USAGE_INT_FIELDS := ["inputTokens", "outputTokens", "cachedTokens"]
+
+## Result fields protocol.md defines as integers, per method (typed_result).
+const RESULT_INT_FIELDS := {
+	"initialize": ["protocolVersion"],
+	"npc/restore": ["turns"],
+	"tokens/count": ["tokens", "promptTokens", "contextSize"],
+	"world/set": ["revision"],
+	"world/delete": ["revision"],
+	"world/get": ["revision"],
+}
 
 # --- outgoing lines ---------------------------------------------------------------------
 
@@ -176,6 +201,24 @@ static func tool_spec(name: String, description: String, parameters: Dictionary)
 	return {"name": name, "description": description, "parameters": parameters}
 
 
+## The tool's parameters as an object schema: a full schema ({"type": "object", ...}) is
+## kept; a Dictionary of properties ({"item": {"type": "string"}}) becomes an object
+## schema requiring all of them; {} takes no arguments.
+static func object_schema(parameters: Dictionary) -> Dictionary:
+	if parameters.has("type"):
+		return parameters
+	return {"type": "object", "properties": parameters, "required": parameters.keys()}
+
+
+## A tool definition from its handler: the name is the handler's method name unless given
+## (a lambda needs one).
+static func tool_from_callable(
+	handler: Callable, description: String, parameters: Dictionary = {}, name: String = ""
+) -> Dictionary:
+	var tool_name := name if not name.is_empty() else str(handler.get_method())
+	return tool_spec(tool_name, description, object_schema(parameters))
+
+
 ## npc/create's "fallbacks": the lines said, in turn, when a turn whose guardrail policy is
 ## GUARDRAIL_FALLBACK or GUARDRAIL_RETRY is blocked (guardrail_violation) or refused.
 ## An empty list is left out.
@@ -241,6 +284,76 @@ static func world_key_params(key: String) -> Dictionary:
 ## npc_id "" gets every fact; else only the facts that NPC can see.
 static func world_get_params(npc_id: String) -> Dictionary:
 	return {} if npc_id.is_empty() else {"npcId": npc_id}
+
+
+# --- integers -------------------------------------------------------------------------
+
+
+## A whole float as an int (3.0 -> 3); anything else as it is.
+static func as_int_if_whole(value: Variant) -> Variant:
+	if typeof(value) == TYPE_FLOAT:
+		var number: float = value
+		if is_finite(number) and number == floorf(number) and absf(number) < 9.0e15:
+			return int(number)
+	return value
+
+
+## The event's params with the integer fields of protocol.md as ints (in place; returned).
+static func typed_event(method: String, params: Dictionary) -> Dictionary:
+	for field: String in EVENT_INT_FIELDS:
+		if params.has(field):
+			params[field] = as_int_if_whole(params[field])
+	if typeof(params.get("usage")) == TYPE_DICTIONARY:
+		var usage: Dictionary = params["usage"]
+		for field: String in USAGE_INT_FIELDS:
+			if usage.has(field):
+				usage[field] = as_int_if_whole(usage[field])
+	if method == "turn/completed" and typeof(params.get("toolCalls")) == TYPE_ARRAY:
+		for record: Variant in params["toolCalls"]:
+			if typeof(record) == TYPE_DICTIONARY and (record as Dictionary).has("timeoutMs"):
+				record["timeoutMs"] = as_int_if_whole(record["timeoutMs"])
+	return params
+
+
+## A response's result with the integer fields of protocol.md as ints (in place; returned).
+static func typed_result(method: String, result: Variant) -> Variant:
+	if typeof(result) != TYPE_DICTIONARY:
+		return result
+	var fields: Array = RESULT_INT_FIELDS.get(method, [])
+	for field: String in fields:
+		if (result as Dictionary).has(field):
+			result[field] = as_int_if_whole(result[field])
+	if method == "npc/list" and typeof(result.get("npcs")) == TYPE_ARRAY:
+		for npc: Variant in result["npcs"]:
+			if typeof(npc) == TYPE_DICTIONARY:
+				for field: String in ["turns", "queued"]:
+					if (npc as Dictionary).has(field):
+						npc[field] = as_int_if_whole(npc[field])
+	return result
+
+
+## value with every number a JSON Schema types "integer" turned back into an int (objects
+## by "properties", "additionalProperties", arrays by "items"). Tool arguments and decision
+## arguments go through this with their schema.
+static func typed_by_schema(value: Variant, schema: Variant) -> Variant:
+	if typeof(schema) != TYPE_DICTIONARY:
+		return value
+	var types: Variant = schema.get("type")
+	var wants_int: bool = types == "integer" or (typeof(types) == TYPE_ARRAY and "integer" in types)
+	if typeof(value) == TYPE_FLOAT:
+		return as_int_if_whole(value) if wants_int else value
+	if typeof(value) == TYPE_DICTIONARY:
+		var properties: Dictionary = dict_or_empty(schema.get("properties"))
+		var extra: Variant = schema.get("additionalProperties")
+		for key: Variant in value:
+			var sub: Variant = properties.get(key, extra)
+			value[key] = typed_by_schema(value[key], sub)
+	elif typeof(value) == TYPE_ARRAY:
+		var items: Variant = schema.get("items")
+		var list: Array = value
+		for i in list.size():
+			list[i] = typed_by_schema(list[i], items)
+	return value
 
 
 # --- incoming lines ---------------------------------------------------------------------

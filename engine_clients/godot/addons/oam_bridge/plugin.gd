@@ -1,8 +1,9 @@
 @tool
 extends EditorPlugin
-## Registers the autoload "OamBridge" (an OamBridgeClient) and its project settings.
+## Registers the autoload "OamBridge" (oam_bridge.gd) and its project settings.
 
 const AUTOLOAD_NAME := "OamBridge"
+const OamBridgeClient := preload("oam_bridge.gd")
 
 
 func _enable_plugin() -> void:
