@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean native
+.PHONY: setup test demo bench clean native dist
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,6 +14,21 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The self-contained bridge for players' machines (packaging/, PyInstaller one-folder):
+# dist/oam-bridge/oam-bridge. DIST_MODEL=0 leaves the model out (the game then passes
+# --model); DIST_NATIVE=0 leaves out libOamNative (bundled when native/ has been built).
+# PyInstaller is the `dist` extra, installed here only; an up-to-date build is not redone.
+DIST_MODEL ?= 1
+DIST_NATIVE ?= 1
+DIST_STAMP := $(VENV)/.installed-dist
+
+$(DIST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,llama,dist]'
+	touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)
+	$(BIN)/python packaging/build_dist.py --model $(DIST_MODEL) --native $(DIST_NATIVE)
 
 native:
 	@if ! test -f native/Package.swift; then echo "native: no package yet"; \
@@ -35,4 +50,4 @@ bench: setup
 	$(BIN)/python bench/bench_protocol.py
 
 clean:
-	rm -rf $(VENV) native/.build
+	rm -rf $(VENV) native/.build dist/oam-bridge dist/.oam-bridge.inputs.json build/pyinstaller

@@ -4,8 +4,8 @@ The C declarations come from native/include/oam_native.h, the single source of t
 the region between its OAM_CDEF_BEGIN/END markers (preprocessor lines stripped) is
 generated into ``bridge/engines/_native_cdef.py`` (``python -m bridge.engines.native``
 rewrites it; a test fails when the two differ), so an installed package needs no source
-tree. The library is found at ``$OAM_NATIVE_LIB``, else in the source tree's
-``native/.build`` when the package runs from a checkout.
+tree. The library is found at ``$OAM_NATIVE_LIB``, else beside the program in a frozen build
+(packaging/), else in the source tree's ``native/.build`` when the package runs from a checkout.
 
 The library runs one model step; the agent loop stays in Python.
 Events cross the ABI in batches (ABI 2, oam_step_pull): one pull hands over every queued
@@ -88,7 +88,9 @@ def find_library() -> Path | None:
     if env:
         return Path(env) if Path(env).exists() else None
     names = ("libOamNative.so", "libOamNative.dylib")
-    candidates = [_NATIVE_DIR / ".build" / "release" / n for n in names]
+    bundle: str | None = getattr(sys, "_MEIPASS", None)  # a frozen build (packaging/): its own folder
+    candidates = [Path(bundle) / n for n in names] if bundle is not None else []
+    candidates += [_NATIVE_DIR / ".build" / "release" / n for n in names]
     for n in names:
         candidates += [Path(p) for p in sorted(glob.glob(str(_NATIVE_DIR / ".build" / "*" / "release" / n)))]
     return next((c for c in candidates if c.exists()), None)

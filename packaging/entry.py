@@ -1,0 +1,5 @@
+"""The frozen program's entry point: the same ``main`` as the ``oam-bridge`` console script."""
+
+from bridge.cli import main
+
+raise SystemExit(main())
