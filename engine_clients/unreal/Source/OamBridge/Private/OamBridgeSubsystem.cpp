@@ -3,98 +3,120 @@
 
 #include "Async/Async.h"
 #include "HAL/PlatformMisc.h"
+#include "HAL/PlatformProcess.h"
+#include "Interfaces/IPluginManager.h"
 #include "Misc/Paths.h"
 
-#include <chrono>
 #include <exception>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "OamJson.h"
 #include "oam_client.h"
 #include "oam_process.h"
 
+using OamJson::Dump;
+using OamJson::Str;
+using OamJson::ToFString;
+using OamJson::ToStd;
+using OamJson::ToStdList;
+
 namespace
 {
-FString ToFString(const std::string& S)
-{
-	return FString(UTF8_TO_TCHAR(S.c_str()));
-}
-
-std::string ToStd(const FString& S)
-{
-	return std::string(TCHAR_TO_UTF8(*S));
-}
-
-// "" -> fallback; invalid JSON -> discarded (is_discarded()).
 oam::json ParseJson(const FString& Text, oam::json Fallback)
 {
-	if (Text.TrimStartAndEnd().IsEmpty())
-	{
-		return Fallback;
-	}
-	return oam::json::parse(ToStd(Text), nullptr, false);
+	return OamJson::Parse(Text, std::move(Fallback));
 }
 
-FString Dump(const oam::json& J)
+// The shipped bridge's folder name for this platform (Build.cs stages the same folder).
+const TCHAR* BridgePlatformDir()
 {
-	return ToFString(J.dump(-1, ' ', false, oam::json::error_handler_t::replace));
+#if PLATFORM_WINDOWS
+	return TEXT("Win64");
+#elif PLATFORM_MAC
+	return TEXT("Mac");
+#elif PLATFORM_LINUX && PLATFORM_CPU_ARM_FAMILY
+	return TEXT("LinuxArm64");
+#else
+	return TEXT("Linux");
+#endif
 }
 
-std::string Str(const oam::json& Params, const char* Key)
+const TCHAR* BridgeExecutableName()
 {
-	return oam::stringField(Params, Key);
-}
-
-std::vector<std::string> ToStdList(const TArray<FString>& Strings)
-{
-	std::vector<std::string> Out;
-	for (const FString& S : Strings)
-	{
-		Out.push_back(ToStd(S));
-	}
-	return Out;
-}
-
-// The result of a request waited for on the game thread, or nullopt (logged) after the timeout or
-// on an error. The future is settled on the reader thread, never the game thread, so waiting is safe.
-std::optional<oam::json> WaitResult(std::future<oam::json> F, float TimeoutSeconds, const FString& What)
-{
-	const auto Timeout = std::chrono::milliseconds(static_cast<long long>(TimeoutSeconds * 1000.f));
-	if (F.wait_for(Timeout) != std::future_status::ready)
-	{
-		UE_LOG(LogOamBridge, Warning, TEXT("%s: timed out"), *What);
-		return std::nullopt;
-	}
-	try
-	{
-		return F.get();
-	}
-	catch (const oam::BridgeError& E)
-	{
-		UE_LOG(LogOamBridge, Warning, TEXT("%s: %s"), *What, UTF8_TO_TCHAR(E.what()));
-		return std::nullopt;
-	}
+#if PLATFORM_WINDOWS
+	return TEXT("oam-bridge.exe");
+#else
+	return TEXT("oam-bridge");
+#endif
 }
 }  // namespace
 
 UOamBridgeSubsystem::UOamBridgeSubsystem() = default;
+// UHT's vtable constructor: defined here, where TUniquePtr<oam::Client> can be destroyed.
+UOamBridgeSubsystem::UOamBridgeSubsystem(FVTableHelper& Helper) : Super(Helper) {}
 UOamBridgeSubsystem::~UOamBridgeSubsystem() = default;
+
+FString UOamBridgeSubsystem::FindShippedBridge()
+{
+	const FString Relative = FPaths::Combine(TEXT("Binaries"), TEXT("ThirdParty"), TEXT("OamBridge"), BridgePlatformDir(), BridgeExecutableName());
+	TArray<FString> Candidates;
+	// Editor and packaged game alike: the plugin's base directory (in a packaged game a path
+	// relative to the executable's folder, which ConvertRelativePathToFull resolves).
+	if (TSharedPtr<IPlugin> Plugin = IPluginManager::Get().FindPlugin(TEXT("OamBridge")))
+	{
+		Candidates.Add(FPaths::ConvertRelativePathToFull(FPaths::Combine(Plugin->GetBaseDir(), Relative)));
+	}
+	// A packaged game whose plugin descriptor was not found: <Game>/Binaries/<Platform>/ -> <Game>/Plugins/OamBridge/.
+	Candidates.Add(FPaths::ConvertRelativePathToFull(FPaths::Combine(FPlatformProcess::BaseDir(), TEXT("../../Plugins/OamBridge"), Relative)));
+	for (const FString& Candidate : Candidates)
+	{
+		if (FPaths::FileExists(Candidate))
+		{
+			return Candidate;
+		}
+	}
+	return FString();
+}
 
 void UOamBridgeSubsystem::Initialize(FSubsystemCollectionBase& Collection)
 {
 	Super::Initialize(Collection);
 	bClosing = false;
 
+	// OAM_BRIDGE_CMD, else BridgeCommand (development: e.g. python -m bridge), else the shipped bridge.
 	FString Command = FPlatformMisc::GetEnvironmentVariable(TEXT("OAM_BRIDGE_CMD"));
+	FString Dir;
+	std::vector<std::string> Argv;
 	if (Command.IsEmpty())
 	{
 		Command = BridgeCommand;
 	}
-	const FString Dir = FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), BridgeWorkingDirectory));
+	if (!Command.IsEmpty())
+	{
+		Argv = oam::splitCommandLine(ToStd(Command));
+		Dir = FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), BridgeWorkingDirectory));
+	}
+	else
+	{
+		const FString Bridge = FindShippedBridge();
+		if (Bridge.IsEmpty())
+		{
+			UE_LOG(LogOamBridge, Error, TEXT("no bridge: no %s in the plugin's Binaries/ThirdParty/OamBridge/%s (copy make dist's dist/oam-bridge folder there, see the plugin's README), no BridgeCommand, no OAM_BRIDGE_CMD"),
+				BridgeExecutableName(), BridgePlatformDir());
+			return;
+		}
+		Argv = {ToStd(Bridge)};
+		for (std::string& Arg : oam::splitCommandLine(ToStd(BridgeArguments)))
+		{
+			Argv.push_back(std::move(Arg));
+		}
+		Command = Bridge + TEXT(" ") + BridgeArguments;
+		Dir = FPaths::GetPath(Bridge);  // relative model paths resolve next to the bridge
+	}
 
 	oam::ClientOptions Options;
-	Options.command = oam::splitCommandLine(ToStd(Command));
+	Options.command = std::move(Argv);
 	Options.workingDirectory = ToStd(Dir);
 	Options.onLog = [](const std::string& Line)  // any thread; UE_LOG is thread-safe
 	{ UE_LOG(LogOamBridge, Log, TEXT("%s"), UTF8_TO_TCHAR(Line.c_str())); };
@@ -363,14 +385,44 @@ bool UOamBridgeSubsystem::DeleteWorldFact(const FString& Key)
 	return true;
 }
 
-FString UOamBridgeSubsystem::GetWorld(const FString& NpcId)
+// Sends a request whose result Done gets as JSON text (on the game thread, through the
+// dispatcher), or its error; with no bridge Done fails at once with "no_bridge".
+static void RequestJson(oam::Client* Client, const char* Method, oam::json Params, UOamBridgeSubsystem::FJsonDone Done,
+	TFunction<FString(const oam::json&)> Extract = nullptr)
 {
 	if (!Client)
 	{
-		return FString();
+		Done(false, FString(), OamJson::MakeError(TEXT("no_bridge"), TEXT("the bridge is not running (see LogOamBridge)")));
+		return;
 	}
-	const std::optional<oam::json> R = WaitResult(Client->worldGet(ToStd(NpcId)), RequestTimeoutSeconds, TEXT("GetWorld"));
-	return R ? Dump(*R) : FString();
+	Client->request(Method, std::move(Params), [Done = MoveTemp(Done), Extract = MoveTemp(Extract), Method](const oam::Response& R)
+		{
+			if (R.ok())
+			{
+				Done(true, Extract ? Extract(R.result) : Dump(R.result), FOamError());
+			}
+			else
+			{
+				UE_LOG(LogOamBridge, Warning, TEXT("%s failed: %s (%s)"), UTF8_TO_TCHAR(Method), UTF8_TO_TCHAR(R.error->what()),
+					UTF8_TO_TCHAR(R.error->code.c_str()));
+				Done(false, FString(), OamJson::ToError(*R.error));
+			}
+		});
+}
+
+void UOamBridgeSubsystem::ReadWorldFactsThen(const FString& NpcId, FJsonDone Done)
+{
+	oam::json Params = oam::json::object();
+	if (!NpcId.IsEmpty())
+	{
+		Params["npcId"] = ToStd(NpcId);
+	}
+	RequestJson(Client.Get(), "world/get", std::move(Params), MoveTemp(Done));
+}
+
+void UOamBridgeSubsystem::ReadWorldFacts(const FString& NpcId, FOamWorldFactsReadDelegate OnDone)
+{
+	ReadWorldFactsThen(NpcId, [OnDone](bool bSuccess, const FString& Json, const FOamError& Error) { OnDone.ExecuteIfBound(bSuccess, Json, Error); });
 }
 
 bool UOamBridgeSubsystem::RestoreWorld(const FString& WorldJson)
@@ -378,7 +430,7 @@ bool UOamBridgeSubsystem::RestoreWorld(const FString& WorldJson)
 	const oam::json World = ParseJson(WorldJson, nullptr);
 	if (!Client || !World.is_object() || !World.contains("facts") || !World["facts"].is_array())
 	{
-		UE_LOG(LogOamBridge, Warning, TEXT("RestoreWorld: no bridge, or WorldJson is not GetWorld's {\"facts\": [...]}"));
+		UE_LOG(LogOamBridge, Warning, TEXT("RestoreWorld: no bridge, or WorldJson is not ReadWorldFacts' {\"facts\": [...]}"));
 		return false;
 	}
 	for (const oam::json& Fact : World["facts"])
@@ -422,33 +474,36 @@ bool UOamBridgeSubsystem::Cancel(const FString& NpcId)
 	return true;
 }
 
-FString UOamBridgeSubsystem::SaveTranscript(const FString& NpcId)
+void UOamBridgeSubsystem::SaveTranscriptThen(const FString& NpcId, FJsonDone Done)
 {
-	if (!Client)
-	{
-		return FString();
-	}
-	const std::optional<oam::json> R = WaitResult(Client->transcript(ToStd(NpcId)), RequestTimeoutSeconds,
-		FString(TEXT("SaveTranscript ")) + NpcId);
-	return R ? Dump(*R) : FString();
+	RequestJson(Client.Get(), "npc/transcript", {{"npcId", ToStd(NpcId)}}, MoveTemp(Done));
 }
 
-bool UOamBridgeSubsystem::RestoreTranscript(const FString& SaveJson, const FString& NpcId)
+void UOamBridgeSubsystem::SaveTranscript(const FString& NpcId, FOamTranscriptSavedDelegate OnDone)
+{
+	SaveTranscriptThen(NpcId, [OnDone](bool bSuccess, const FString& Json, const FOamError& Error) { OnDone.ExecuteIfBound(bSuccess, Json, Error); });
+}
+
+void UOamBridgeSubsystem::RestoreTranscriptThen(const FString& SaveJson, const FString& NpcId, FJsonDone Done)
 {
 	oam::json Save = ParseJson(SaveJson, nullptr);
-	if (!Client || !Save.is_object())
+	if (!Save.is_object())
 	{
-		UE_LOG(LogOamBridge, Warning, TEXT("RestoreTranscript: no bridge, or SaveJson is not a JSON object"));
-		return false;
+		Done(false, FString(), OamJson::MakeError(TEXT("invalid_params"), TEXT("SaveJson is not a JSON object (SaveTranscript's text)")));
+		return;
 	}
-	const std::optional<oam::json> R = WaitResult(Client->restore(std::move(Save), ToStd(NpcId)), RequestTimeoutSeconds,
-		TEXT("RestoreTranscript"));
-	if (!R)
+	oam::json Params = {{"save", std::move(Save)}};
+	if (!NpcId.IsEmpty())
 	{
-		return false;
+		Params["npcId"] = ToStd(NpcId);
 	}
-	UE_LOG(LogOamBridge, Log, TEXT("restored %s with %d turns"), *ToFString(Str(*R, "npcId")), static_cast<int>(oam::intField(*R, "turns")));
-	return true;
+	RequestJson(Client.Get(), "npc/restore", std::move(Params), MoveTemp(Done),
+		[](const oam::json& Result) { return ToFString(Str(Result, "npcId")); });
+}
+
+void UOamBridgeSubsystem::RestoreTranscript(const FString& SaveJson, const FString& NpcId, FOamTranscriptRestoredDelegate OnDone)
+{
+	RestoreTranscriptThen(SaveJson, NpcId, [OnDone](bool bSuccess, const FString& Json, const FOamError& Error) { OnDone.ExecuteIfBound(bSuccess, Json, Error); });
 }
 
 bool UOamBridgeSubsystem::IsBridgeRunning() const

@@ -5,6 +5,8 @@
 #include "Subsystems/GameInstanceSubsystem.h"
 #include "Templates/UniquePtr.h"
 
+#include "OamBridgeTypes.h"
+
 #include "OamBridgeSubsystem.generated.h"
 
 OAMBRIDGE_API DECLARE_LOG_CATEGORY_EXTERN(LogOamBridge, Log, All);
@@ -33,6 +35,11 @@ DECLARE_DYNAMIC_MULTICAST_DELEGATE_FiveParams(FOamDecisionSignature, const FStri
 	const FString&, Choice, const FString&, Reasoning, const FString&, ArgumentsJson);
 // world/set or a world/delete that deleted: the world's revision after the change.
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_TwoParams(FOamWorldChangedSignature, const FString&, Key, int32, Revision);
+// Answers of the asynchronous save-game calls, on the game thread. bSuccess false: Error says why
+// (never an empty save that looks like a success).
+DECLARE_DYNAMIC_DELEGATE_ThreeParams(FOamTranscriptSavedDelegate, bool, bSuccess, const FString&, SaveJson, const FOamError&, Error);
+DECLARE_DYNAMIC_DELEGATE_ThreeParams(FOamTranscriptRestoredDelegate, bool, bSuccess, const FString&, NpcId, const FOamError&, Error);
+DECLARE_DYNAMIC_DELEGATE_ThreeParams(FOamWorldFactsReadDelegate, bool, bSuccess, const FString&, WorldJson, const FOamError&, Error);
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_FourParams(FOamTurnFailedSignature, const FString&, NpcId, const FString&, TurnId,
 	const FString&, Code, const FString&, Message);
 
@@ -42,7 +49,11 @@ class OAMBRIDGE_API UOamBridgeSubsystem : public UGameInstanceSubsystem
 	GENERATED_BODY()
 
 public:
+	// Every constructor and the destructor are defined in the .cpp, where oam::Client is complete:
+	// otherwise UHT defines the FVTableHelper one in the .gen.cpp, which cannot destroy the
+	// TUniquePtr<oam::Client> (see Templates/UniquePtr.h; tests/uht_lite.py checks it).
 	UOamBridgeSubsystem();
+	UOamBridgeSubsystem(FVTableHelper& Helper);
 	virtual ~UOamBridgeSubsystem() override;
 
 	virtual void Initialize(FSubsystemCollectionBase& Collection) override;
@@ -84,11 +95,11 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
 	bool DeleteWorldFact(const FString& Key);
 
-	/** world/get as JSON text ({"revision","facts"}; "" on failure): every fact, or those NpcId sees. For save games. Blocks up to RequestTimeoutSeconds. */
-	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
-	FString GetWorld(const FString& NpcId = TEXT(""));
+	/** world/get: every fact, or those NpcId sees, as JSON text ({"revision","facts"}) for a save game. Asynchronous: OnDone gets it, or bSuccess false and the error. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AutoCreateRefTerm = "NpcId"))
+	void ReadWorldFacts(const FString& NpcId, FOamWorldFactsReadDelegate OnDone);
 
-	/** Sets every fact of GetWorld's text again (after loading a save). */
+	/** Sets every fact of ReadWorldFacts' text again (after loading a save). */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
 	bool RestoreWorld(const FString& WorldJson);
 
@@ -104,13 +115,23 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
 	bool Cancel(const FString& NpcId);
 
-	/** npc/transcript as JSON text for the save game ("" on failure). Blocks up to RequestTimeoutSeconds. */
+	/** npc/transcript as JSON text for the save game. Asynchronous (the game thread never waits): OnDone gets the save, or bSuccess false with the error (unknown_npc, transport, no_bridge, ...). Blueprint nodes: Save NPC Transcript (OamAsyncActions.h). */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
-	FString SaveTranscript(const FString& NpcId);
+	void SaveTranscript(const FString& NpcId, FOamTranscriptSavedDelegate OnDone);
 
-	/** npc/restore from SaveTranscript's text; NpcId empty keeps the saved id. Blocks up to RequestTimeoutSeconds. */
+	/** npc/restore from SaveTranscript's text; NpcId empty keeps the saved id. Asynchronous: OnDone gets the restored NPC's id, or bSuccess false with the error. */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
-	bool RestoreTranscript(const FString& SaveJson, const FString& NpcId = TEXT(""));
+	void RestoreTranscript(const FString& SaveJson, const FString& NpcId, FOamTranscriptRestoredDelegate OnDone);
+
+	// The same for C++ (lambdas); Done runs on the game thread, or at once when there is no bridge.
+	using FJsonDone = TFunction<void(bool bSuccess, const FString& Json, const FOamError& Error)>;
+	void SaveTranscriptThen(const FString& NpcId, FJsonDone Done);
+	void RestoreTranscriptThen(const FString& SaveJson, const FString& NpcId, FJsonDone Done);  // Json: the npcId
+	void ReadWorldFactsThen(const FString& NpcId, FJsonDone Done);
+
+	/** The shipped bridge of this platform inside the plugin (Binaries/ThirdParty/OamBridge/<Platform>/oam-bridge[.exe]), found from the plugin's base directory, else relative to the executable (packaged game); "" when there is none. */
+	UFUNCTION(BlueprintPure, Category = "OAM Bridge")
+	static FString FindShippedBridge();
 
 	UFUNCTION(BlueprintPure, Category = "OAM Bridge")
 	bool IsBridgeRunning() const;
@@ -137,16 +158,17 @@ public:
 	UPROPERTY(BlueprintAssignable, Category = "OAM Bridge")
 	FOamWorldChangedSignature OnWorldChanged;
 
-	/** The bridge command line; the environment variable OAM_BRIDGE_CMD overrides it. */
+	/** A bridge command line for development (e.g. "python -m bridge" with BridgeWorkingDirectory); empty (the default): the shipped bridge, FindShippedBridge(). The environment variable OAM_BRIDGE_CMD overrides both. */
 	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
-	FString BridgeCommand = TEXT("python -m bridge");
+	FString BridgeCommand;
 
-	/** Working directory of the bridge, relative to the project directory. */
+	/** Arguments added after the shipped bridge's path, e.g. "--engine scripted" or "--model Models/npc.gguf". */
+	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
+	FString BridgeArguments;
+
+	/** Working directory of a BridgeCommand, relative to the project directory. The shipped bridge runs in its own folder. */
 	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
 	FString BridgeWorkingDirectory;
-
-	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")
-	float RequestTimeoutSeconds = 5.f;
 
 	/** The guardrail policy of Respond and RespondToSpeaker when OptionsJson has none: "fail", "fallback" (the NPC's fallback line), "retry"; empty: the bridge's default ("fail"). */
 	UPROPERTY(Config, EditAnywhere, Category = "OAM Bridge")

@@ -1,10 +1,13 @@
 #pragma once
-#include "CoreMinimal.h"
-class FSubsystemCollectionBase {};
-class UGameInstanceSubsystem : public UObject {
+#include "Subsystems/Subsystem.h"
+class UGameInstance;
+// UGameInstanceSubsystem (Subsystems/GameInstanceSubsystem.h); its outer is the game instance.
+class UGameInstanceSubsystem : public USubsystem {
 public:
-    virtual void Initialize(FSubsystemCollectionBase&) {}
-    virtual void Deinitialize() {}
+    UGameInstanceSubsystem() = default;
+    explicit UGameInstanceSubsystem(FVTableHelper& H) : USubsystem(H) {}
+    explicit UGameInstanceSubsystem(const FObjectInitializer& I) : USubsystem(I) {}
+    UGameInstance* GetGameInstance() const;
 };
-// UHT's GENERATED_BODY declares Super; the stub's UCLASS cannot, so the stub adds it here.
-#define Super UGameInstanceSubsystem
+#include "Engine/GameInstance.h"
+inline UGameInstance* UGameInstanceSubsystem::GetGameInstance() const { return Cast<UGameInstance>(GetOuter()); }
