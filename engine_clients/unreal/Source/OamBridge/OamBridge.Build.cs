@@ -23,5 +23,33 @@ public class OamBridge : ModuleRules
 		}
 
 		PublicDependencyModuleNames.AddRange(new string[] { "Core", "CoreUObject", "Engine" });
+		PrivateDependencyModuleNames.Add("Projects");  // IPluginManager: the plugin's folder at run time
+
+		// The shipped bridge (make dist's PyInstaller folder, copied by stage_bridge.sh) lives in
+		// <Plugin>/Binaries/ThirdParty/OamBridge/<Platform>/: oam-bridge[.exe] and _internal/.
+		// Every file is staged as NonUFS (outside the .pak: an executable cannot run from it), at
+		// the same path under the packaged game, where UOamBridgeSubsystem::FindShippedBridge looks.
+		// Desktop only: consoles, mobile and the web cannot start a subprocess.
+		string BridgePlatform = null;
+		if (Target.Platform == UnrealTargetPlatform.Win64) BridgePlatform = "Win64";
+		else if (Target.Platform == UnrealTargetPlatform.Mac) BridgePlatform = "Mac";
+		else if (Target.Platform == UnrealTargetPlatform.Linux) BridgePlatform = "Linux";
+		else if (Target.Platform == UnrealTargetPlatform.LinuxArm64) BridgePlatform = "LinuxArm64";
+		if (BridgePlatform != null)
+		{
+			string BridgeDir = Path.Combine(PluginDirectory, "Binaries", "ThirdParty", "OamBridge", BridgePlatform);
+			if (Directory.Exists(BridgeDir))
+			{
+				foreach (string File in Directory.EnumerateFiles(BridgeDir, "*", SearchOption.AllDirectories))
+				{
+					string Relative = File.Substring(PluginDirectory.Length).TrimStart('/', '\\').Replace('\\', '/');
+					RuntimeDependencies.Add("$(PluginDir)/" + Relative, StagedFileType.NonUFS);
+				}
+			}
+			else
+			{
+				System.Console.WriteLine("OamBridge: no bridge in " + BridgeDir + ": a packaged game will not find one (run stage_bridge.sh, see the plugin's README)");
+			}
+		}
 	}
 }
