@@ -82,18 +82,19 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         # game saw any answer is never lost to the default action.
         await nursery.start(on_signals)
         if args.parent_watch_ms > 0:
-            nursery.start_soon(_watch_parent, server, args.parent_watch_ms / 1000)
+            nursery.start_soon(_watch_parent, server, args.parent, args.parent_watch_ms / 1000)
         await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
         nursery.cancel_scope.cancel()
 
 
-async def _watch_parent(server: Server, every_s: float) -> None:
+async def _watch_parent(server: Server, parent: int, every_s: float) -> None:
     """Exit when the game is gone, even if its end did not close our stdin (a child of the
     game that inherited the pipe keeps it open): the parent process id changes when the
     parent dies (the bridge is re-parented to init or a subreaper). Linux's parent-death
     signal is not used: it fires when the *thread* that started the bridge ends, and engines
-    start processes from worker threads that come and go."""
-    parent = os.getppid()
+    start processes from worker threads that come and go. ``parent`` is the parent's id as
+    ``main`` found it first thing: a game may well write ``initialize``, read the answer and
+    die before this task first runs."""
     if parent <= 1:
         return  # started by init (a container's entry point): nothing to watch
     # (On Windows a dead parent's id stays: there the game's end closes stdin, which ends us.)
@@ -134,7 +135,9 @@ def _leave(status: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent = os.getppid()  # before anything else: see _watch_parent
     args = parse_args(argv)
+    args.parent = parent
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s")
     stdio = ClaimedStdio()
     trio.run(_serve, args, stdio)
