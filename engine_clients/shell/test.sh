@@ -210,5 +210,32 @@ done
 [ -n "$bridge_pid" ] && [ $gone = yes ] && ok "a game killed with SIGKILL takes its bridge within 1 s" \
     || { bad "the bridge (pid ${bridge_pid:-?}) outlived its killed game by 1 s"; kill -KILL "$bridge_pid" 2>/dev/null; }
 
+# The README's "Shipping your game" snippet, against the self-contained build (make dist),
+# from a folder laid out as a shipped game, with a bare environment.
+if [ -x "$ROOT/dist/oam-bridge/oam-bridge" ]; then
+    game=$(mktemp -d)
+    cp "$HERE/oam.sh" "$game/"
+    ln -s "$ROOT/dist/oam-bridge" "$game/oam-bridge"
+    awk '/^## Shipping your game/ {s=1} s && /^```sh$/ {b=1; next} b && /^```$/ {exit} b' "$HERE/README.md" \
+        | sed 's/--engine llama/--engine scripted/' >"$game/game.sh"
+    cat >>"$game/game.sh" <<'GAME'
+oam_request initialize '{"protocolVersion":1}' | jq -r .serverInfo.name
+oam_request npc/create '{"npcId":"g","script":[{"text":"Shipped."}]}' >/dev/null
+t=$(oam_request npc/respond '{"npcId":"g","prompt":"hi"}' | jq -r .turnId)
+while ev=$(oam_next_event 10); do
+    [ "$(jq -r .method <<<"$ev")" = turn/completed ] && { jq -r .params.text <<<"$ev"; break; }
+done
+oam_stop
+GAME
+    out=$(cd / && env -i PATH=/usr/bin:/bin bash "$game/game.sh" 2>&1)
+    rm -rf "$game"
+    [ "$out" = "$(printf 'oam-bridge\nShipped.')" ] && ok "shipping: the README snippet runs the built bridge in a bare environment" \
+        || bad "shipping: the README snippet against dist/oam-bridge printed: $out"
+elif [ "${CI:-}" = true ]; then
+    bad "shipping: dist/oam-bridge/oam-bridge is not built (make dist; tests/test_dist.py builds it in make test)"
+else
+    echo "skip - shipping: dist/oam-bridge not built (make dist)"
+fi
+
 [ $FAIL -eq 0 ] && echo "shell client: PASS" || echo "shell client: FAIL"
 exit $FAIL
