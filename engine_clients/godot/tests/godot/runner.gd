@@ -10,6 +10,9 @@ extends Node
 const ADDON := "res://addons/oam_bridge/"
 const SCENARIO := "res://tests/godot/scenario.json"
 const QUICKSTART := "res://tests/godot/quickstart.gd"
+## What a test returns when it passed. A script error aborts the test function, which then
+## returns "" (its type's default): that counts as a failure.
+const PASS := "pass"
 
 var bridge_command := "oam-bridge"
 var passed := 0
@@ -51,6 +54,8 @@ func _ready() -> void:
 		current = test_name
 		var why: String = await call("_test_" + test_name)
 		if why.is_empty():
+			why = "script error (see the log)"
+		if why == PASS:
 			passed += 1
 			print("ok - ", test_name)
 		else:
@@ -93,6 +98,11 @@ func _started(args := PackedStringArray(["--engine", "scripted"])) -> Node:
 	if not init.is_ok():
 		return null
 	return client
+
+
+# The bridge's pid (the addon before get_pid() kept it in _pid).
+func _pid_of(client: Node) -> int:
+	return client.get_pid() if client.has_method("get_pid") else int(client.get("_pid"))
 
 
 func _done(client: Node) -> void:
@@ -283,7 +293,7 @@ func _test_scenario() -> String:
 	call = await client.shutdown().wait()
 	if not call.is_ok() or call.result != null:
 		return "shutdown: %s" % [call.error]
-	var pid: int = client.get_pid()
+	var pid: int = _pid_of(client)
 	client.notify("exit")
 	var deadline := Time.get_ticks_msec() + 3000
 	while OS.is_process_running(pid) and Time.get_ticks_msec() < deadline:
@@ -294,7 +304,7 @@ func _test_scenario() -> String:
 			% [OS.is_process_running(pid), OS.get_process_exit_code(pid)]
 		)
 	_done(client)
-	return ""
+	return PASS
 
 
 func _methods(list: Array) -> Array:
@@ -345,7 +355,7 @@ func _test_quickstart() -> String:
 		why = node.quickstart_checks()
 	node.queue_free()
 	bridge.stop()
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # --- the addon's own checks -------------------------------------------------------------
@@ -426,7 +436,7 @@ func _test_npc_node() -> String:
 	_done(client)
 	keeper.queue_free()
 	other.queue_free()
-	return ""
+	return PASS
 
 
 # Integers come back as integers where protocol.md or the tool's schema says integer.
@@ -478,7 +488,7 @@ func _test_integers() -> String:
 	elif "%s" % set_call.result["revision"] != "1":
 		why = "world/set revision prints as %s" % set_call.result["revision"]
 	_done(client)
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # start() of a command that does not exist: false and a clear error, not a silent true.
@@ -493,7 +503,7 @@ func _test_missing_command() -> String:
 		why = "no clear error: %s" % client.get("last_error")
 	client.stop()
 	client.queue_free()
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # A command that exists but exits at once: initialize fails at once with the exit code.
@@ -518,7 +528,7 @@ func _test_exits_at_once() -> String:
 		why = "took %d ms" % (Time.get_ticks_msec() - t0)
 	client.stop()
 	client.queue_free()
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # stop() returns at once; the bridge is gone soon after, watched from the frames.
@@ -535,7 +545,7 @@ func _test_stop_nonblocking() -> String:
 	)
 	client.respond("slow", "talk")
 	await _frames(2)
-	var pid: int = client.get_pid()
+	var pid: int = _pid_of(client)
 	var t0 := Time.get_ticks_usec()
 	client.stop()
 	var blocked_ms := (Time.get_ticks_usec() - t0) / 1000.0
@@ -544,7 +554,7 @@ func _test_stop_nonblocking() -> String:
 		await get_tree().process_frame
 	await _frames(3)
 	var why := ""
-	if blocked_ms > 20.0:
+	if blocked_ms > 5.0:
 		why = "stop() blocked the main thread %.1f ms" % blocked_ms
 	elif OS.is_process_running(pid):
 		why = "bridge still running 3 s after stop()"
@@ -552,7 +562,7 @@ func _test_stop_nonblocking() -> String:
 		why = "is_running() after stop()"
 	client.queue_free()
 	print("  stop(): %.2f ms on the main thread" % blocked_ms)
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # A 3 MB line arrives in blocks off the main thread: quickly, and without a long frame.
@@ -579,7 +589,7 @@ func _test_big_line() -> String:
 		why = "a %d ms frame while it arrived" % gap
 	print("  3 MiB line: %d ms to arrive, longest frame %d ms" % [took, gap])
 	_done(client)
-	return why
+	return why if not why.is_empty() else PASS
 
 
 # After the bridge died, nothing more is written to it (SIGPIPE on Godot 4.3.0-4.5.1).
@@ -587,7 +597,7 @@ func _test_dead_bridge_write() -> String:
 	var client := await _started()
 	if client == null:
 		return "start"
-	var pid: int = client.get_pid()
+	var pid: int = _pid_of(client)
 	OS.kill(pid)
 	var deadline := Time.get_ticks_msec() + 2000
 	while OS.is_process_running(pid) and Time.get_ticks_msec() < deadline:
@@ -604,15 +614,17 @@ func _test_dead_bridge_write() -> String:
 		why = "error %s" % [call.error]
 	client.stop()
 	client.queue_free()
-	return why
+	return why if not why.is_empty() else PASS
 
 
-# Quitting with a bridge running (stop from _exit_tree) returns quickly.
+# Quitting with a bridge that does not exit by itself (here `sleep`, which never reads the
+# exit notification): leaving the tree must not wait shutdown_timeout_ms for it.
 func _test_quit_fast() -> String:
-	var client := await _started()
-	if client == null:
-		return "start"
-	var pid: int = client.get_pid()
+	var client := _client()
+	if not client.start("sleep", PackedStringArray(["30"])):
+		return "start sleep"
+	var pid: int = _pid_of(client)
+	await get_tree().process_frame  # out of the client's own call stack
 	var t0 := Time.get_ticks_usec()
 	remove_child(client)  # _exit_tree: as when the game quits
 	client.free()
@@ -625,7 +637,7 @@ func _test_quit_fast() -> String:
 		return "leaving the tree blocked %.1f ms" % ms
 	if OS.is_process_running(pid):
 		return "bridge still running"
-	return ""
+	return PASS
 
 
 # --- orphan: the host kills this Godot with SIGKILL and checks the bridge goes too ------
@@ -637,4 +649,4 @@ func _orphan() -> void:
 		print("ORPHAN-FAIL start")
 		get_tree().quit(1)
 		return
-	print("ORPHAN %d %d" % [OS.get_process_id(), client.get_pid()])
+	print("ORPHAN %d %d" % [OS.get_process_id(), _pid_of(client)])
