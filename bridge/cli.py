@@ -24,12 +24,18 @@ log = logging.getLogger("oam_bridge")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="oam-bridge", description="NPC brains for any game engine: JSON-RPC 2.0 over stdio.")
-    ap.add_argument("--engine", default=os.environ.get("OAM_ENGINE", "auto"), choices=["auto", "scripted", "llama", "native"], help="default engine for npc/create's 'auto' (env OAM_ENGINE)")
+    ap.add_argument("--engine", default=os.environ.get("OAM_ENGINE", "auto"), choices=["auto", "scripted", "llama", "native", "openai"], help="default engine for npc/create's 'auto' (env OAM_ENGINE)")
     ap.add_argument("--script", help="scripted engine: a JSON file of steps ({\"default\": [...], \"npcs\": {id: [...]}} or a list)")
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
     ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
     ap.add_argument("--llama-threads", type=int, default=int(os.environ.get("OAM_LLAMA_THREADS", "0")), help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)")
     ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
+    ap.add_argument("--openai-url", default=os.environ.get("OAM_OPENAI_URL"), help="openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without it the engine is unavailable)")
+    ap.add_argument("--openai-model", default=os.environ.get("OAM_OPENAI_MODEL"), help="openai engine: the model name to ask for (env OAM_OPENAI_MODEL; default: the first the server lists)")
+    ap.add_argument("--openai-api-key", default=os.environ.get("OAM_OPENAI_API_KEY"), help="openai engine: sent as a bearer token (env OAM_OPENAI_API_KEY, which keeps it out of the process list)")
+    ap.add_argument("--openai-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_TIMEOUT", "60")), help="openai engine: seconds without a byte from the server before a step fails generation_failed (env OAM_OPENAI_TIMEOUT; default 60)")
+    ap.add_argument("--openai-connect-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")), help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)")
+    ap.add_argument("--openai-ctx", type=int, default=int(os.environ.get("OAM_OPENAI_CTX", "4096")), help="openai engine: the server's context window in tokens, for trimming (env OAM_OPENAI_CTX; default 4096)")
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
     ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
     ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
@@ -59,7 +65,11 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         llama_kwargs["n_ctx"] = args.llama_ctx
     if args.llama_threads:
         llama_kwargs["n_threads"] = args.llama_threads
-    registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs)
+    openai_kwargs: dict[str, object] = {
+        "url": args.openai_url, "model": args.openai_model, "api_key": args.openai_api_key,
+        "timeout_s": args.openai_timeout, "connect_timeout_s": args.openai_connect_timeout, "n_ctx": args.openai_ctx,
+    }
+    registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs, openai=openai_kwargs)
     if args.model:  # a file the operator chose: a wrong one is said now, not at the first create
         llama = next(e for e in registry.infos() if e.name == "llama")
         if not llama.available:

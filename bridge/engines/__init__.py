@@ -36,7 +36,12 @@ def _unusable_model(model: str) -> BridgeError:
 
 
 # name -> (module, class); loaded lazily so a missing optional dependency only disables one.
-_OPTIONAL = {"native": ("bridge.engines.native", "NativeEngine"), "llama": ("bridge.engines.llama", "LlamaEngine")}
+_OPTIONAL = {
+    "native": ("bridge.engines.native", "NativeEngine"),
+    "llama": ("bridge.engines.llama", "LlamaEngine"),
+    # NPCs on an OpenAI-compatible server: available once a URL is configured; never auto
+    "openai": ("bridge.engines.openai", "OpenAIEngine"),
+}
 AUTO_ORDER = ("native", "llama")
 
 
@@ -61,6 +66,8 @@ class EngineRegistry:
         except ImportError as e:
             return False, f"not installed: {e}"
         try:
+            if name == "openai":
+                return mod.availability(self._kwargs.get(name, {}).get("url"))  # type: ignore[no-any-return]
             path = model_path or self._kwargs.get(name, {}).get("model_path")
             return mod.availability(path) if path else mod.availability()  # type: ignore[no-any-return]
         except Exception as e:  # availability probes must never take the bridge down
