@@ -2,8 +2,9 @@
 # Builds the Unity client's engine-agnostic core (Runtime/*.cs) with Mono and runs
 # Tests~/ScenarioTest.cs (../scenario.json) plus the README's examples against the bridge; then
 # compiles the Unity layer, the editor build step and the sample against UnityEngine/UnityEditor
-# stubs (Tests~/Stubs) and runs Tests~/Unity/UnityLayerTest.cs; then kills a "game" with SIGKILL and
-# checks its bridge is gone within 1 s.
+# stubs (Tests~/Stubs) and runs Tests~/Unity/UnityLayerTest.cs (its shipping test runs the real
+# dist/oam-bridge from a player build's StreamingAssets when it is built; a FAIL with CI=true when
+# it is not); then kills a "game" with SIGKILL and checks its bridge is gone within 1 s.
 # Needs mcs + mono (apt: mono-mcs) and Newtonsoft.Json (apt: libnewtonsoft-json-cil-dev).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
