@@ -315,3 +315,34 @@ async def test_arguments_the_server_did_not_constrain_are_warned_about() -> None
         assert second["messages"][2]["tool_calls"][0]["function"] == {"name": "check_inventory", "arguments": '{"item": "wine"}'}
         await finish(p)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("server", ["silent", "cut"])
+async def test_a_silent_or_cut_off_server_fails_the_turn_and_never_hangs(server: str) -> None:
+    """``silent`` takes the request and never answers: the read timeout fails the step;
+    ``cut`` streams one delta and closes the connection: the step fails, no hang."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        if server == "silent":
+            await trio.sleep_forever()
+        event = json.dumps({"choices": [{"index": 0, "delta": {"content": "Hel"}}]})
+        await stream.send_all(f"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\ndata: {event}\n\n".encode())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        p = await bridge(nursery, f"http://127.0.0.1:{port}/v1", "--openai-model", "stub", "--openai-timeout", "0.5")
+        c = p.client
+        await c.call("npc/create", {"npcId": "keeper", "engine": "openai"})
+        with trio.fail_after(10):
+            _, done = await c.turn("keeper", "Hello")
+        err = done["params"]["error"]
+        assert done["method"] == "turn/failed" and err["code"] == "generation_failed" and err["retryable"] is True, done
+        assert ("0.5 s" in err["message"]) if server == "silent" else ("ended the stream" in err["message"]), err
+        assert (await c.call("npc/transcript", {"npcId": "keeper"}))["turns"] == []
+        await finish(p)
+        nursery.cancel_scope.cancel()
