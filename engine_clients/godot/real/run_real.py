@@ -4,7 +4,8 @@ caches) against the real bridge, which runs inside the chroot as the subprocess 
 
 1. a fresh copy of the project (no .godot/, no class cache): the shared scenario must pass;
 2. `godot --headless --import`, then every check of tests/godot/runner.gd (the scenario, the
-   README quick start, the addon's own checks);
+   README quick start, the README's "Shipping your game" snippet against `make dist`'s build, the
+   addon's own checks);
 3. orphan: a game with a running bridge is killed with SIGKILL; the bridge must be gone
    within 1 s.
 
@@ -30,6 +31,8 @@ GODOT_DIR = HERE.parent
 REPO = GODOT_DIR.parent.parent
 SCENARIO = GODOT_DIR.parent / "scenario.json"
 IN_CHROOT_REPO = "/oam/repo"  # where setup_chroot.sh's oam-bridge wrapper finds the checkout
+DIST = REPO / "dist" / "oam-bridge"  # make dist's self-contained bridge (PyInstaller, one folder)
+IN_CHROOT_DIST = IN_CHROOT_REPO + "/dist/oam-bridge"
 SKIP = 77
 
 
@@ -55,9 +58,18 @@ def chroot_cmd(root: Path, *argv: str) -> list[str]:
             str(root), str(REPO), *argv]
 
 
-def make_project(root: Path, addon: Path) -> tuple[Path, str]:
-    """A copy of the project inside the chroot's /tmp; returns (host path, chroot path)."""
-    host = Path(tempfile.mkdtemp(prefix="oam-godot-", dir=root / "tmp"))
+def make_project(root: Path, addon: Path) -> tuple[Path, Path, str]:
+    """A copy of the project inside the chroot's /tmp, laid out as the README's "Shipping your
+    game" has it in the editor: BASE/game/ (the project) beside BASE/oam-bridge/dist/oam-bridge/,
+    a link to the checkout's make dist build, so res://../oam-bridge/dist/oam-bridge/oam-bridge
+    is that build. Returns (BASE on the host, the project on the host, the project's chroot path).
+    """
+    base = Path(tempfile.mkdtemp(prefix="oam-godot-", dir=root / "tmp"))
+    host = base / "game"
+    host.mkdir()
+    (base / "oam-bridge" / "dist").mkdir(parents=True)
+    # resolved inside the chroot, where the checkout is bind-mounted (read-only: not a copy)
+    (base / "oam-bridge" / "dist" / "oam-bridge").symlink_to(IN_CHROOT_DIST)
     inside = "/" + str(host.relative_to(root))
     shutil.copy(GODOT_DIR / "project.godot", host)
     shutil.copytree(addon, host / "addons" / "oam_bridge")
@@ -65,7 +77,8 @@ def make_project(root: Path, addon: Path) -> tuple[Path, str]:
     shutil.copytree(GODOT_DIR / "tests" / "godot", host / "tests" / "godot")
     shutil.copy(SCENARIO, host / "tests" / "godot" / "scenario.json")
     (host / "tests" / "godot" / "quickstart.gd").write_text(quickstart())
-    return host, inside
+    (host / "tests" / "godot" / "shipping.gd").write_text(shipping())
+    return base, host, inside
 
 
 def quickstart() -> str:
@@ -74,6 +87,36 @@ def quickstart() -> str:
     block = re.search(r"```gdscript\n(.*?)```", text, re.S)
     assert block, "README.md: no gdscript block"
     return "extends Node\n\n" + block.group(1)
+
+
+def shipping() -> str:
+    """The README's "Shipping your game" snippet (the gdscript block after that heading) as a
+    script of its own, as printed: its editor path and its `--engine auto` included."""
+    text = (GODOT_DIR / "README.md").read_text()
+    section = text.split("**Shipping your game.**", 1)
+    assert len(section) == 2, "README.md: no **Shipping your game.**"
+    block = re.search(r"```gdscript\n(.*?)```", section[1], re.S)
+    assert block and "shipped_bridge_path(" in block.group(1), "README.md: no shipping snippet"
+    return "extends Node\n\n" + block.group(1)
+
+
+def dist_check(root: Path) -> tuple[bool, list[str]]:
+    """Whether runner.gd's shipping check can run (make dist's build is there) and what to pass
+    it. No build: SKIP, or FAIL with CI=true (make test builds it before the client tests)."""
+    if not (DIST / "oam-bridge").is_file():
+        if os.environ.get("CI") == "true":
+            print("-- shipping: FAIL: dist/oam-bridge/oam-bridge is not built (make dist; "
+                  "tests/test_dist.py builds it in make test; CI=true needs it)")
+            return False, ["--skip=shipping"]
+        print("-- shipping: skip: dist/oam-bridge not built (make dist)")
+        return True, ["--skip=shipping"]
+    # built against the host's glibc, run under the chroot's (newer) one
+    host_libc = os.confstr("CS_GNU_LIBC_VERSION") or "?"
+    proc = subprocess.run(["chroot", str(root), "getconf", "GNU_LIBC_VERSION"],
+                          capture_output=True, text=True)
+    print(f"-- shipping: make dist's build (host {host_libc}) runs in the chroot "
+          f"({proc.stdout.strip() or '?'}) as {IN_CHROOT_DIST}/oam-bridge")
+    return True, [f"--dist={IN_CHROOT_DIST}/oam-bridge"]
 
 
 def godot(root: Path, project: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -159,10 +202,14 @@ def main() -> int:
     root = setup()
     if root is None:
         return SKIP
-    host, inside = make_project(root, args.addon.resolve())
+    base, host, inside = make_project(root, args.addon.resolve())
     ok = True
     try:
         only = [f"--only={args.only}"] if args.only else []
+        if not args.only or "shipping" in args.only.split(","):
+            dist_ok, dist_args = dist_check(root)
+            ok &= dist_ok
+            only += dist_args
         fresh = godot(root, inside, "res://tests/godot/runner.tscn", "--", "--only=scenario",
                       timeout=90)
         ok &= report("fresh checkout, no class cache: the scenario", fresh)
@@ -174,7 +221,7 @@ def main() -> int:
         ok &= orphan(root, inside)
     finally:
         if not args.keep:
-            shutil.rmtree(host, ignore_errors=True)
+            shutil.rmtree(base, ignore_errors=True)
     print("godot-real: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 

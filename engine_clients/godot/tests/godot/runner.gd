@@ -4,17 +4,20 @@ extends Node
 ## Prints "ok - NAME" / "FAIL - NAME: why", then "godot real: P passed, F failed", and quits
 ## with 0 only if everything passed. Arguments after "--":
 ##   --only=a,b   run these tests only      --bridge=CMD   the bridge command (oam-bridge)
+##   --skip=a,b   leave these tests out     --dist=PATH    the make dist executable (shipping)
 ##   --orphan     start a bridge, print "ORPHAN <godot pid> <bridge pid>", then idle
 ## Untyped where it calls the addon, so an older addon still loads and its checks fail one by one.
 
 const ADDON := "res://addons/oam_bridge/"
 const SCENARIO := "res://tests/godot/scenario.json"
 const QUICKSTART := "res://tests/godot/quickstart.gd"
+const SHIPPING := "res://tests/godot/shipping.gd"
 ## What a test returns when it passed. A script error aborts the test function, which then
 ## returns "" (its type's default): that counts as a failure.
 const PASS := "pass"
 
 var bridge_command := "oam-bridge"
+var dist_executable := ""
 var passed := 0
 var failed := 0
 var current := ""
@@ -24,10 +27,15 @@ var _last_frame := 0
 
 func _ready() -> void:
 	var only := PackedStringArray()
+	var skip := PackedStringArray()
 	var orphan := false
 	for arg in OS.get_cmdline_user_args():
 		if arg.begins_with("--only="):
 			only = arg.trim_prefix("--only=").split(",")
+		elif arg.begins_with("--skip="):
+			skip = arg.trim_prefix("--skip=").split(",")
+		elif arg.begins_with("--dist="):
+			dist_executable = arg.trim_prefix("--dist=")
 		elif arg.begins_with("--bridge="):
 			bridge_command = arg.trim_prefix("--bridge=")
 		elif arg == "--orphan":
@@ -38,6 +46,7 @@ func _ready() -> void:
 	var tests := [
 		"scenario",
 		"quickstart",
+		"shipping",
 		"npc_node",
 		"integers",
 		"missing_command",
@@ -49,7 +58,7 @@ func _ready() -> void:
 	]
 	get_tree().create_timer(240.0).timeout.connect(_watchdog)
 	for test_name: String in tests:
-		if not only.is_empty() and test_name not in only:
+		if (not only.is_empty() and test_name not in only) or test_name in skip:
 			continue
 		current = test_name
 		var why: String = await call("_test_" + test_name)
@@ -356,6 +365,70 @@ func _test_quickstart() -> String:
 	node.queue_free()
 	bridge.stop()
 	return why if not why.is_empty() else PASS
+
+
+# --- the README's "Shipping your game" --------------------------------------------------
+
+
+# The README's snippet as printed (shipping.gd, made by the host test), with `make dist`'s
+# build where its editor path points: res://../oam-bridge/dist/oam-bridge/ (the host test lays
+# the project out so). Its `--engine auto` is kept: a scripted NPC, then one on the default
+# engine, which is the dist's bundled model (llama).
+func _test_shipping() -> String:
+	var bridge := get_node_or_null(^"/root/OamBridge")
+	if bridge == null:
+		return "no autoload OamBridge"
+	if not ResourceLoader.exists(SHIPPING):
+		return "no shipping.gd (made by the host test from the README)"
+	var deadline := Time.get_ticks_msec() + 3000
+	while bridge.is_running() and Time.get_ticks_msec() < deadline:  # the quick start's bridge
+		await get_tree().process_frame
+	var node: Node = load(SHIPPING).new()
+	add_child(node)
+	var why := await _shipped_turns(bridge, node)  # "" after a script error: a failure
+	bridge.stop()
+	node.queue_free()
+	return why
+
+
+func _shipped_turns(bridge: Node, node: Node) -> String:
+	var t0 := Time.get_ticks_msec()
+	if not node.call("_start_shipped_bridge"):
+		return "_start_shipped_bridge() returned false: %s" % bridge.last_error
+	var editor_path := "res://../oam-bridge/dist/oam-bridge/oam-bridge"
+	var expected := ProjectSettings.globalize_path(editor_path).simplify_path()
+	if bridge.command != expected or Array(bridge.arguments) != ["--engine", "auto"]:
+		return "started %s %s, not %s --engine auto" % [bridge.command, bridge.arguments, expected]
+	var init = await bridge.initialize("godot-shipping-test", "1").wait()
+	if not init.is_ok() or init.result["serverInfo"]["name"] != "oam-bridge":
+		return "initialize: %s %s" % [init.result, init.error]
+	var started_ms := Time.get_ticks_msec() - t0
+	# after the answer: right after start() the child may not have exec'd yet (still godot)
+	var exe := DirAccess.open("/proc").read_link("/proc/%d/exe" % _pid_of(bridge))
+	if not dist_executable.is_empty() and exe != dist_executable:
+		return "the bridge process runs %s, not the dist's %s" % [exe, dist_executable]
+	var config := {"engine": "scripted", "script": [{"text": "Shipped."}]}
+	await bridge.create_npc("porter", config).wait()
+	var turn = await bridge.respond("porter", "Is it shipped?").turn.wait()
+	if not turn.is_ok() or turn.text != "Shipped.":
+		return "scripted turn: %s %s" % [turn.text, turn.error]
+	t0 = Time.get_ticks_msec()
+	config = {"instructions": "You guard the gate. Answer in one short sentence."}
+	var created = await bridge.create_npc("guard", config).wait()
+	if not created.is_ok() or created.result["engine"] != "llama":
+		return "npc/create on engine auto: %s %s" % [created.result, created.error]
+	turn = await bridge.respond("guard", "Who goes there?").turn.wait()
+	if not turn.is_ok() or turn.text.strip_edges().is_empty():
+		return "the bundled model's turn: '%s' %s" % [turn.text, turn.error]
+	var line: String = turn.text.strip_edges().left(60)
+	print("  shipped bridge: %s" % exe)
+	print(
+		(
+			"  initialize answered %d ms after start; the model's turn %d ms (with its loading): %s"
+			% [started_ms, Time.get_ticks_msec() - t0, line]
+		)
+	)
+	return PASS
 
 
 # --- the addon's own checks -------------------------------------------------------------
