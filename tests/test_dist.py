@@ -107,6 +107,10 @@ async def run_scenario(c: Client) -> list[str]:
         result = await c.call(method, params)
         if name == "initialize":
             assert result["protocolVersion"] == 1 and isinstance(result["serverInfo"]["name"], str)
+            engines = {e["name"]: e for e in result["engines"]}
+            # every engine is in the build: one missing from it would say "not installed"
+            assert all("not installed" not in (e["reason"] or "") for e in engines.values()), engines
+            assert engines["openai"]["available"] is False and "url" in engines["openai"]["reason"].lower()
         elif name in ("create_keeper", "create_guard"):
             assert result["npcId"] == params["npcId"] and result["engine"] == "scripted"
         elif name == "respond_with_tool":
