@@ -332,6 +332,10 @@ func request(method: String, params: Dictionary = {}) -> OamCall:
 	if is_running() and _write_line(OamProtocol.build_request(_next_id, method, params)):
 		_pending[_next_id] = pending_call
 	else:
+		if _running and _pid >= 0:
+			# It died between is_running() and the write: say how (its exit code), as
+			# is_running() would have a moment later.
+			_on_stdout_closed(_pid)
 		var message := "bridge is not running" if last_error.is_empty() else last_error
 		var error := OamProtocol.client_error(OamProtocol.BRIDGE_CLOSED, message)
 		# Deferred so the caller can await first; as an argument the call stays referenced.
