@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--openai-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_TIMEOUT", "60")), help="openai engine: seconds without a byte from the server before a step fails generation_failed (env OAM_OPENAI_TIMEOUT; default 60)")
     ap.add_argument("--openai-connect-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")), help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)")
     ap.add_argument("--openai-ctx", type=int, default=int(os.environ.get("OAM_OPENAI_CTX", "4096")), help="openai engine: the server's context window in tokens, for trimming (env OAM_OPENAI_CTX; default 4096)")
+    ap.add_argument("--openai-grammar", action="store_true", default=os.environ.get("OAM_OPENAI_GRAMMAR", "") not in ("", "0"), help="openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field (llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among several tools, free text and schema answers on servers that do not constrain a choice of tools (env OAM_OPENAI_GRAMMAR=1)")
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
     ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
     ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
@@ -68,6 +69,7 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
     openai_kwargs: dict[str, object] = {
         "url": args.openai_url, "model": args.openai_model, "api_key": args.openai_api_key,
         "timeout_s": args.openai_timeout, "connect_timeout_s": args.openai_connect_timeout, "n_ctx": args.openai_ctx,
+        "grammar": args.openai_grammar,
     }
     registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs, openai=openai_kwargs)
     if args.model:  # a file the operator chose: a wrong one is said now, not at the first create

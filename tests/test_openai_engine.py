@@ -28,6 +28,11 @@ INVENTORY_TOOL = {
     "description": "Look up how many of an item the tavern has in stock.",
     "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": ["ale", "bread", "mead", "stew"]}}, "required": ["item"]},
 }
+PRICE_TOOL = {
+    "name": "check_price",
+    "description": "Look up the price of an item in copper coins.",
+    "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": ["ale", "bread", "mead", "stew"]}}, "required": ["item"]},
+}
 MOOD_SCHEMA = {
     "type": "object",
     "properties": {"mood": {"type": "string", "enum": ["happy", "grumpy", "tired"]}, "line": {"type": "string", "maxLength": 60}},
@@ -164,6 +169,58 @@ async def test_a_schema_turn_parses_and_validates(server_url: str) -> None:
         assert done["method"] == "turn/completed", done
         jsonschema.validate(done["params"]["json"], MOOD_SCHEMA)
         assert json.loads("".join(deltas(p, tid, "turn/partialJson"))) == done["params"]["json"]
+        assert not [w for w in done["params"]["warnings"] if "did not constrain" in w]
+        await finish(p)
+
+
+async def test_grammar_mode_a_required_step_with_two_tools_calls_one(server_url: str) -> None:
+    """``--openai-grammar``: llama_cpp.server writes text when offered several tools; with the
+    llama engine's grammar in the request the first (``required``) step calls one of them
+    with arguments valid against its schema."""
+    async with trio.open_nursery() as nursery:
+        p = await bridge(nursery, server_url, "--openai-grammar")
+        c = p.client
+        await c.call("npc/create", {"npcId": "keeper", "engine": "openai", "instructions": "You keep a tavern.",
+                                    "tools": [INVENTORY_TOOL, PRICE_TOOL], "options": {"temperature": 0, "maxTokens": 48, "seed": 1}})
+        with trio.fail_after(90):
+            r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "How much is your ale?", "toolChoice": "required", "maxToolRounds": 1})
+            ev = await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
+            tool = {t["name"]: t for t in (INVENTORY_TOOL, PRICE_TOOL)}[ev["params"]["name"]]
+            jsonschema.validate(ev["params"]["arguments"], tool["parameters"])
+            await c.call("npc/submit", {"npcId": "keeper", "callId": ev["params"]["callId"], "output": {"copper": 4}})
+            done = await c.wait_terminal(r["turnId"])
+        assert done["method"] == "turn/completed", done
+        params = done["params"]
+        assert params["toolCalls"][0]["name"] == tool["name"] and params["toolCalls"][0]["output"] == {"copper": 4}
+        assert params["text"] == "".join(deltas(p, r["turnId"])) and "tool_calls" not in params["text"]
+        assert not [w for w in params["warnings"] if "did not constrain" in w], params["warnings"]
+        c.assert_well_formed(r["turnId"])
+        await finish(p)
+
+
+async def test_grammar_mode_an_auto_step_speaks_and_a_schema_turn_parses(server_url: str) -> None:
+    """``OAM_OPENAI_GRAMMAR=1``: an ``auto`` step with two tools may answer in text (streamed
+    in deltas, no JSON envelope), and a schema turn is constrained by the grammar."""
+    async with trio.open_nursery() as nursery:
+        p = await open_bridge(nursery, "--engine", "openai", "--openai-url", server_url, env={"OAM_OPENAI_GRAMMAR": "1"})
+        c = p.client
+        await c.initialize()
+        await c.call("npc/create", {"npcId": "keeper", "engine": "openai", "instructions": "You keep a tavern. Answer in one sentence.",
+                                    "tools": [INVENTORY_TOOL, PRICE_TOOL], "options": {"temperature": 0, "maxTokens": 24, "seed": 1}})
+        with trio.fail_after(90):
+            tid, done = await c.turn("keeper", "Good morning! Lovely weather, isn't it?")
+        assert done["method"] == "turn/completed", done
+        parts = deltas(p, tid)
+        assert done["params"]["toolCalls"] == [] and done["params"]["steps"] == 1, done
+        assert len(parts) > 1 and done["params"]["text"] == "".join(parts) and done["params"]["text"].strip()
+        assert "{" not in done["params"]["text"]
+        c.assert_well_formed(tid)
+        await c.call("npc/create", {"npcId": "judge", "engine": "openai", "instructions": "You keep a tavern.",
+                                    "options": {"temperature": 0, "maxTokens": 64, "seed": 1}})
+        with trio.fail_after(90):
+            tid, done = await c.turn("judge", "How are you today?", schema=MOOD_SCHEMA)
+        assert done["method"] == "turn/completed", done
+        jsonschema.validate(done["params"]["json"], MOOD_SCHEMA)
         assert not [w for w in done["params"]["warnings"] if "did not constrain" in w]
         await finish(p)
 

@@ -27,6 +27,14 @@ hidden tools, validation, rollback): this engine sends each step as the agent bu
 - Requests of different NPCs run concurrently (one ``httpx.AsyncClient`` on trio); closing
   the step's generator (the agent's ``aclosing`` on cancel) closes the HTTP response, which
   drops the connection, and a server stops generating for a client that left.
+- Grammar mode (``grammar=True``: ``--openai-grammar``, ``OAM_OPENAI_GRAMMAR=1``), for servers
+  that take a GBNF ``grammar`` field (llama-server, llama_cpp.server) but do not constrain a
+  choice among several tools: no ``tools``, ``tool_choice`` or ``response_format`` go out;
+  the system message describes the step's tools and answer as the llama engine's prompt does
+  (tool rounds told as facts), and ``grammar`` is the llama engine's GBNF for the step (a
+  ``{"tool_calls":[...]}`` batch of the step's tools only, free text or the schema's JSON).
+  Streamed text that starts with ``{"tool_calls"`` becomes one ``ToolCallsChunk``; other
+  text streams as it comes (held back only while it could still be that start).
 - Token counts are an estimate (characters / 4, plus a few per message; no server round
   trip), cheap enough for the event loop: ``blocking_count`` is False.
 """
@@ -41,11 +49,15 @@ from urllib.parse import urlsplit
 
 import httpx
 import jsonschema
+import msgspec
+import trio
 
 from bridge.engines.base import (
     Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
     user_text,
 )
+from bridge.engines.llama._grammar import CALL_PREFIX, build_grammar, complete_calls
+from bridge.engines.llama._prompt import PromptRenderer
 from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.engines.openai")
@@ -123,6 +135,35 @@ def _status_error(status: int, body: str, url: str) -> BridgeError:
     return BridgeError("generation_failed", f"{where} failed (HTTP {status}): {text}", status=status)
 
 
+def _grammar_tools(request: StepRequest) -> list[ToolSpec]:
+    """The tools a grammar-mode step offers: none on a step where tools are disallowed."""
+    return [] if request.tool_mode == "disallowed" else request.tools
+
+
+async def _step_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
+    """The llama engine's GBNF for the step (None: free text) and its schema warnings, built
+    on a worker thread (milliseconds, cached by the builder). The GBNF comes from
+    llama-cpp-python's schema converter: without it installed the step fails."""
+    if request.tool_mode == "disallowed" and request.tools:
+        request = msgspec.structs.replace(request, tools=[])
+    try:
+        return await trio.to_thread.run_sync(build_grammar, request)
+    except ImportError as e:
+        raise BridgeError("model_unavailable", f"--openai-grammar needs llama-cpp-python's grammar builder: {e}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the schema converter raises
+        raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
+
+
+def _grammar_calls(text: str) -> dict[int, _Call]:
+    """The calls of a grammar-mode ``{"tool_calls":[...]}`` output, as streamed calls."""
+    out: dict[int, _Call] = {}
+    for i, raw in enumerate(complete_calls(text)):
+        call = out[i] = _Call()
+        call.name = raw["name"]
+        call.arguments = json.dumps(raw.get("arguments") or {})
+    return out
+
+
 class _Call:
     __slots__ = ("id", "name", "arguments")
 
@@ -141,7 +182,7 @@ class OpenAIEngine:
 
     def __init__(self, url: str | None = None, model: str | None = None, api_key: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-                 n_ctx: int = DEFAULT_CTX) -> None:
+                 n_ctx: int = DEFAULT_CTX, grammar: bool = False) -> None:
         ok, reason = availability(url)
         self._available, self._reason = ok, reason
         self.url = base_url(url) if ok and url else ""
@@ -154,6 +195,8 @@ class OpenAIEngine:
         # "json_schema" (OpenAI's form) until a server refuses it, then llama_cpp.server's
         # {"type": "json_object", "schema": ...}
         self._schema_form = "json_schema"
+        # tools and answers constrained by the llama engine's GBNF in the request's ``grammar``
+        self.grammar = grammar
 
     # -- interface -------------------------------------------------------------------
     @property
@@ -230,20 +273,31 @@ class OpenAIEngine:
             return BridgeError("generation_failed", f"the server at {self.url} timed out: {type(e).__name__}")
         return BridgeError("generation_failed", f"the connection to the server at {self.url} was lost: {type(e).__name__}: {e}")
 
-    def body(self, request: StepRequest, model: str | None) -> dict[str, Any]:
-        """The ``/chat/completions`` request for one step."""
-        body: dict[str, Any] = {"messages": chat_messages(request), "stream": True,
+    def body(self, request: StepRequest, model: str | None, grammar: str | None = None) -> dict[str, Any]:
+        """The ``/chat/completions`` request for one step. In grammar mode the step's tools
+        and answer are told in the system message and ``grammar`` (the step's GBNF, None for
+        free text) constrains the output."""
+        if self.grammar:
+            tools = _grammar_tools(request)
+            system = PromptRenderer.system_text(request.instructions, tools, request.tool_mode, request.schema)
+            messages = PromptRenderer.chat_messages(system, request.messages)
+        else:
+            messages = chat_messages(request)
+        body: dict[str, Any] = {"messages": messages, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if model:
             body["model"] = model
-        if request.tools and request.tool_mode != "disallowed":
+        if self.grammar:
+            if grammar is not None:
+                body["grammar"] = grammar
+        elif request.tools and request.tool_mode != "disallowed":
             body["tools"] = [_tool_json(t) for t in request.tools]
             if request.tool_mode == "required":
                 body["tool_choice"] = ({"type": "function", "function": {"name": request.tools[0].name}}
                                        if len(request.tools) == 1 else "required")
             else:
                 body["tool_choice"] = "auto"
-        if request.schema is not None:
+        if request.schema is not None and not self.grammar:
             if self._schema_form == "json_schema":
                 body["response_format"] = {"type": "json_schema",
                                            "json_schema": {"name": "answer", "schema": request.schema, "strict": True}}
@@ -271,8 +325,17 @@ class OpenAIEngine:
         finish: str | None = None
         usage: Usage | None = None
         out_chunks = 0
+        warnings: list[str] = []
+        grammar: str | None = None
+        # grammar mode: output held back while it may still be the start of a call batch
+        held = ""
+        decided: str | None = "text"
+        if self.grammar:
+            grammar, grammar_warnings = await _step_grammar(request)
+            warnings.extend(grammar_warnings)
+            decided = None if _grammar_tools(request) else "text"
         for attempt in (0, 1):
-            body = self.body(request, model)
+            body = self.body(request, model, grammar)
             try:
                 async with client.stream("POST", f"{self.url}/chat/completions", json=body) as resp:
                     if resp.status_code != 200:
@@ -312,7 +375,18 @@ class OpenAIEngine:
                             if isinstance(content, str) and content:
                                 text += content
                                 out_chunks += 1
-                                yield TextChunk(content)
+                                if decided == "text":
+                                    yield TextChunk(content)
+                                else:
+                                    held += content
+                                    if decided is None:
+                                        norm = "".join(held.split())
+                                        if norm.startswith(CALL_PREFIX):
+                                            decided = "call"
+                                        elif not CALL_PREFIX.startswith(norm):
+                                            decided = "text"
+                                            yield TextChunk(held)
+                                            held = ""
                             for i, piece in enumerate(delta.get("tool_calls") or []):
                                 self._add_call_piece(calls, piece, i)
                             if choice.get("finish_reason"):
@@ -322,7 +396,15 @@ class OpenAIEngine:
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
             break
-        warnings: list[str] = []
+        if held:  # grammar mode: a call batch, or a short answer that looked like its start
+            batch_calls = _grammar_calls(held)
+            if batch_calls:
+                calls = batch_calls
+            elif decided == "call":
+                what = "cut off by maxTokens" if finish == "length" else "malformed"
+                raise BridgeError("generation_failed", f"the model's tool call was {what}", text=held[:200], finish_reason=finish or "stop")
+            else:
+                yield TextChunk(held)
         if calls:
             batch = self._calls(request, calls, warnings)
             if batch:
