@@ -383,6 +383,12 @@ async def test_a_silent_or_cut_off_server_fails_the_turn_and_never_hangs(server:
         data = b""
         while b"\r\n\r\n" not in data:
             data += await stream.receive_some(65536)
+        # Read the whole body before closing: a close with unread input is a TCP reset, which
+        # the client reports as a lost connection instead of the end of the stream.
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += await stream.receive_some(65536)
         if server == "silent":
             await trio.sleep_forever()
         event = json.dumps({"choices": [{"index": 0, "delta": {"content": "Hel"}}]})
