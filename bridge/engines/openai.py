@@ -56,7 +56,7 @@ from bridge.engines.base import (
     Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
     user_text,
 )
-from bridge.engines.llama._grammar import CALL_PREFIX, build_grammar, complete_calls
+from bridge.engines.llama._grammar import CallSniffer, build_grammar
 from bridge.engines.llama._prompt import PromptRenderer
 from bridge.errors import BridgeError
 
@@ -154,10 +154,10 @@ async def _step_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
         raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
 
 
-def _grammar_calls(text: str) -> dict[int, _Call]:
+def _grammar_calls(batch: list[dict[str, Any]]) -> dict[int, _Call]:
     """The calls of a grammar-mode ``{"tool_calls":[...]}`` output, as streamed calls."""
     out: dict[int, _Call] = {}
-    for i, raw in enumerate(complete_calls(text)):
+    for i, raw in enumerate(batch):
         call = out[i] = _Call()
         call.name = raw["name"]
         call.arguments = json.dumps(raw.get("arguments") or {})
@@ -328,12 +328,11 @@ class OpenAIEngine:
         warnings: list[str] = []
         grammar: str | None = None
         # grammar mode: output held back while it may still be the start of a call batch
-        held = ""
-        decided: str | None = "text"
+        sniff = CallSniffer(False)
         if self.grammar:
             grammar, grammar_warnings = await _step_grammar(request)
             warnings.extend(grammar_warnings)
-            decided = None if _grammar_tools(request) else "text"
+            sniff = CallSniffer(bool(_grammar_tools(request)))
         for attempt in (0, 1):
             body = self.body(request, model, grammar)
             try:
@@ -375,18 +374,8 @@ class OpenAIEngine:
                             if isinstance(content, str) and content:
                                 text += content
                                 out_chunks += 1
-                                if decided == "text":
-                                    yield TextChunk(content)
-                                else:
-                                    held += content
-                                    if decided is None:
-                                        norm = "".join(held.split())
-                                        if norm.startswith(CALL_PREFIX):
-                                            decided = "call"
-                                        elif not CALL_PREFIX.startswith(norm):
-                                            decided = "text"
-                                            yield TextChunk(held)
-                                            held = ""
+                                if shown := sniff.feed(content):
+                                    yield TextChunk(shown)
                             for i, piece in enumerate(delta.get("tool_calls") or []):
                                 self._add_call_piece(calls, piece, i)
                             if choice.get("finish_reason"):
@@ -396,15 +385,11 @@ class OpenAIEngine:
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
             break
-        if held:  # grammar mode: a call batch, or a short answer that looked like its start
-            batch_calls = _grammar_calls(held)
-            if batch_calls:
-                calls = batch_calls
-            elif decided == "call":
-                what = "cut off by maxTokens" if finish == "length" else "malformed"
-                raise BridgeError("generation_failed", f"the model's tool call was {what}", text=held[:200], finish_reason=finish or "stop")
-            else:
-                yield TextChunk(held)
+        raw, rest = sniff.end(finish or "stop")  # grammar mode: a held call batch, or text
+        if raw:
+            calls = _grammar_calls(raw)
+        elif rest:
+            yield TextChunk(rest)
         if calls:
             batch = self._calls(request, calls, warnings)
             if batch:

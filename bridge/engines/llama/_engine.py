@@ -21,7 +21,7 @@ from bridge.engines.base import (
 )
 from bridge.errors import BridgeError
 
-from ._grammar import CALL_PREFIX, build_grammar, complete_calls
+from ._grammar import CallSniffer, build_grammar
 from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
 from ._prompt import PromptRenderer, turn_start
 from ._states import StateCache
@@ -205,40 +205,23 @@ class LlamaEngine:
             if done is not None:
                 emit(("done", *done))
 
-        may_call = bool(request.tools)
-        buf = ""  # output held back while it may still be the start of a call batch
-        decided: str | None = None if may_call else "text"
+        sniff = CallSniffer(bool(request.tools))  # output held while it may be a call batch
         try:
             async with aclosing(run_in_thread(job)) as items:
                 async for item in items:
                     if item[0] == "text":
-                        if decided == "text":
-                            yield TextChunk(item[1])
-                            continue
-                        buf += item[1]
-                        if decided is None:
-                            norm = "".join(buf.split())
-                            if norm.startswith(CALL_PREFIX):
-                                decided = "call"
-                            elif not CALL_PREFIX.startswith(norm):
-                                decided = "text"
-                                yield TextChunk(buf)
-                                buf = ""
+                        if shown := sniff.feed(item[1]):
+                            yield TextChunk(shown)
                         continue
                     usage, finish = item[1], item[2]
-                    if decided != "text" and buf:
-                        raw = complete_calls(buf)
-                        if raw:
-                            calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
-                                              arguments=c.get("arguments") or {}) for c in raw]
-                            yield ToolCallsChunk(calls)
-                            finish = "tool_calls"
-                        elif decided == "call":
-                            what = "cut off by maxTokens" if finish == "length" else "malformed"
-                            raise BridgeError("generation_failed", f"the model's tool call was {what}",
-                                              text=buf[:200], finish_reason=finish)
-                        else:  # a short answer that looked like the start of a call
-                            yield TextChunk(buf)
+                    raw, rest = sniff.end(finish)
+                    if raw:
+                        calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
+                                          arguments=c.get("arguments") or {}) for c in raw]
+                        yield ToolCallsChunk(calls)
+                        finish = "tool_calls"
+                    elif rest:
+                        yield TextChunk(rest)
                     yield StepDone(usage=usage, finish_reason=finish, warnings=warnings)
         except BridgeError:
             raise

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from bridge.engines.base import StepRequest, ToolSpec
+from bridge.errors import BridgeError
 
 CALL_PREFIX = '{"tool_calls"'
 # A free string (a tool argument or a field of a JSON answer) without a length bound can run
@@ -177,6 +178,46 @@ def build_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
                 _cache.clear()
             _cache[key] = hit
     return hit[0], list(hit[1])
+
+
+class CallSniffer:
+    """A step's streamed output when it may be a call batch (the grammar allows text or
+    ``{"tool_calls":[...]}``): text passes through as soon as it cannot be the start of
+    ``CALL_PREFIX``; a batch is held whole. Used by every engine that streams grammar output
+    (the llama engine, the openai engine's grammar mode)."""
+
+    def __init__(self, may_call: bool) -> None:
+        self.state: str | None = None if may_call else "text"  # None: undecided; "call"; "text"
+        self.held = ""
+
+    def feed(self, piece: str) -> str:
+        """The text to show now ("" while held)."""
+        if self.state == "text":
+            return piece
+        self.held += piece
+        if self.state is None:
+            norm = "".join(self.held.split())
+            if norm.startswith(CALL_PREFIX):
+                self.state = "call"
+            elif not CALL_PREFIX.startswith(norm):
+                self.state = "text"
+                out, self.held = self.held, ""
+                return out
+        return ""
+
+    def end(self, finish: str) -> tuple[list[dict[str, Any]], str]:
+        """At the end of the step: (the held batch's calls, text still to show). A batch
+        with no whole call fails ``generation_failed``, saying whether maxTokens cut it."""
+        held, self.held = self.held, ""
+        if not held:
+            return [], ""
+        calls = complete_calls(held)
+        if calls:
+            return calls, ""
+        if self.state == "call":
+            what = "cut off by maxTokens" if finish == "length" else "malformed"
+            raise BridgeError("generation_failed", f"the model's tool call was {what}", text=held[:200], finish_reason=finish)
+        return [], held  # a short answer that looked like the start of a call
 
 
 def complete_calls(text: str) -> list[dict[str, Any]]:
