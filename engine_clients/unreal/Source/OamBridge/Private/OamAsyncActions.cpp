@@ -5,6 +5,7 @@
 #include "Engine/World.h"
 
 #include "OamBridgeSubsystem.h"
+#include "OamJson.h"
 #include "OamNpcComponent.h"
 
 static UOamBridgeSubsystem* BridgeOf(const UObject* WorldContextObject)
@@ -123,10 +124,7 @@ void UOamSaveTranscriptAction::Activate()
 	UOamBridgeSubsystem* Bridge = BridgeOf(WorldContext.Get());
 	if (!Bridge)
 	{
-		FOamError E;
-		E.Code = TEXT("no_bridge");
-		E.Message = TEXT("no OamBridgeSubsystem for this world");
-		Failed.Broadcast(FString(), E);
+		Failed.Broadcast(FString(), OamJson::MakeError(TEXT("no_bridge"), TEXT("no OamBridgeSubsystem for this world")));
 		SetReadyToDestroy();
 		return;
 	}
@@ -148,10 +146,7 @@ void UOamRestoreTranscriptAction::Activate()
 	UOamBridgeSubsystem* Bridge = BridgeOf(WorldContext.Get());
 	if (!Bridge)
 	{
-		FOamError E;
-		E.Code = TEXT("no_bridge");
-		E.Message = TEXT("no OamBridgeSubsystem for this world");
-		Failed.Broadcast(FString(), E);
+		Failed.Broadcast(FString(), OamJson::MakeError(TEXT("no_bridge"), TEXT("no OamBridgeSubsystem for this world")));
 		SetReadyToDestroy();
 		return;
 	}
