@@ -42,6 +42,66 @@ ERROR_CODES: dict[str, tuple[int, bool]] = {
     "internal_error": (INTERNAL_ERROR, False),
 }
 
+# string code -> HTTP status, for the OpenAI-compatible server (``oam serve``): the body
+# carries the string code too. 499 is "client closed request" (the client went away).
+HTTP_STATUS: dict[str, int] = {
+    "model_unavailable": 503,
+    "guardrail_violation": 422,
+    "refusal": 422,
+    "context_size_exceeded": 400,
+    "rate_limited": 429,
+    "unsupported_language": 422,
+    "invalid_schema": 400,
+    "tool_failed": 502,
+    "cancelled": 499,
+    "busy": 503,
+    "invalid_request": 400,
+    "generation_failed": 500,
+    "unknown_npc": 404,
+    "unknown_tool_call": 404,
+    "not_initialized": 409,
+    "overloaded": 503,
+    "message_too_large": 413,
+    "npc_exists": 409,
+    "shutting_down": 503,
+    "limit_reached": 422,
+    "parse_error": 400,
+    "invalid_message": 400,
+    "method_not_found": 404,
+    "invalid_params": 400,
+    "internal_error": 500,
+}
+
+# string code -> exit status of the ``oam`` command line. 0 is success, 1 an error with no
+# code, 2 a usage error (argparse's own); 130 is the shell's Ctrl-C convention.
+EXIT_CODES: dict[str, int] = {
+    "model_unavailable": 3,
+    "guardrail_violation": 4,
+    "refusal": 5,
+    "context_size_exceeded": 6,
+    "rate_limited": 7,
+    "unsupported_language": 8,
+    "invalid_schema": 9,
+    "tool_failed": 10,
+    "cancelled": 130,
+    "busy": 11,
+    "invalid_request": 12,
+    "generation_failed": 13,
+    "unknown_npc": 14,
+    "unknown_tool_call": 14,
+    "not_initialized": 1,
+    "overloaded": 11,
+    "message_too_large": 12,
+    "npc_exists": 12,
+    "shutting_down": 1,
+    "limit_reached": 15,
+    "parse_error": 12,
+    "invalid_message": 12,
+    "method_not_found": 12,
+    "invalid_params": 12,
+    "internal_error": 1,
+}
+
 
 class BridgeError(Exception):
     """A failure with a stable string code; the dispatcher turns it into a JSON-RPC error."""
@@ -57,6 +117,14 @@ class BridgeError(Exception):
     @property
     def rpc_code(self) -> int:
         return ERROR_CODES[self.code][0]
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.code]
 
     @property
     def retryable(self) -> bool:

@@ -202,3 +202,17 @@ def test_a_wrong_number_or_retryable_flag_is_named() -> None:
 def test_every_code_has_its_own_number() -> None:
     numbers = [n for n, _ in ERROR_CODES.values()]
     assert len(numbers) == len(set(numbers)), "two codes share a JSON-RPC number"
+
+
+def test_every_code_has_an_http_status_and_an_exit_code() -> None:
+    from bridge.errors import EXIT_CODES, HTTP_STATUS
+
+    assert set(HTTP_STATUS) == set(ERROR_CODES)
+    assert set(EXIT_CODES) == set(ERROR_CODES)
+    assert all(400 <= s < 600 for s in HTTP_STATUS.values())
+    # retryable codes are the ones an HTTP client retries (429, 5xx)
+    for code, (_, retryable) in ERROR_CODES.items():
+        if retryable:
+            assert HTTP_STATUS[code] == 429 or HTTP_STATUS[code] >= 500, code
+    # 0 is success and 2 is argparse's usage error: no code may collide with them
+    assert all(s not in (0, 2) and 0 < s < 256 for s in EXIT_CODES.values())
