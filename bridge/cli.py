@@ -22,8 +22,9 @@ from .errors import BridgeError
 log = logging.getLogger("oam_bridge")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="oam-bridge", description="NPC brains for any game engine: JSON-RPC 2.0 over stdio.")
+def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
+    """The engine options (``--engine``, ``--script``, ``--model``, ``--llama-*``,
+    ``--openai-*``), shared by every host: the bridge, ``oam`` and its server."""
     ap.add_argument("--engine", default=os.environ.get("OAM_ENGINE", "auto"), choices=["auto", "scripted", "llama", "native", "openai"], help="default engine for npc/create's 'auto' (env OAM_ENGINE)")
     ap.add_argument("--script", help="scripted engine: a JSON file of steps ({\"default\": [...], \"npcs\": {id: [...]}} or a list)")
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
@@ -37,28 +38,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--openai-connect-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")), help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)")
     ap.add_argument("--openai-ctx", type=int, default=int(os.environ.get("OAM_OPENAI_CTX", "4096")), help="openai engine: the server's context window in tokens, for trimming (env OAM_OPENAI_CTX; default 4096)")
     ap.add_argument("--openai-grammar", action="store_true", default=os.environ.get("OAM_OPENAI_GRAMMAR", "") not in ("", "0"), help="openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field (llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among several tools, free text and schema answers on servers that do not constrain a choice of tools (env OAM_OPENAI_GRAMMAR=1)")
-    ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
-    ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
-    ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
-    ap.add_argument("--max-outbound-bytes", type=int, default=Limits().max_outbound_bytes, help="output bytes the game has not read before turns wait")
-    ap.add_argument("--exit-grace-ms", type=int, default=Limits().exit_grace_ms, help="on stdin EOF, exit or a signal, the process is gone within this")
-    ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
-    ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
-    ap.add_argument("--parent-watch-ms", type=int, default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")), help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)")
-    ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
-    ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
-    return ap.parse_args(argv)
 
 
-async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
+def build_registry(args: argparse.Namespace) -> EngineRegistry:
+    """The engines ``add_engine_arguments``' options describe. A bad ``--script`` ends the
+    process with one clear line on stderr (exit status 2)."""
     scripted = _scripted_engine(args.script)
-    limits = Limits(
-        max_line_bytes=args.max_line_bytes,
-        max_npcs=args.max_npcs,
-        max_pending_lines=args.max_pending_lines,
-        max_outbound_bytes=args.max_outbound_bytes,
-        exit_grace_ms=args.exit_grace_ms,
-    )
     llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
     if args.model:
         llama_kwargs["model_path"] = args.model
@@ -76,6 +61,34 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         llama = next(e for e in registry.infos() if e.name == "llama")
         if not llama.available:
             log.warning("the llama engine is unavailable: %s", llama.reason)
+    return registry
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="oam-bridge", description="NPC brains for any game engine: JSON-RPC 2.0 over stdio.")
+    add_engine_arguments(ap)
+    ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
+    ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
+    ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
+    ap.add_argument("--max-outbound-bytes", type=int, default=Limits().max_outbound_bytes, help="output bytes the game has not read before turns wait")
+    ap.add_argument("--exit-grace-ms", type=int, default=Limits().exit_grace_ms, help="on stdin EOF, exit or a signal, the process is gone within this")
+    ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
+    ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
+    ap.add_argument("--parent-watch-ms", type=int, default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")), help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)")
+    ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
+    ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
+    return ap.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
+    limits = Limits(
+        max_line_bytes=args.max_line_bytes,
+        max_npcs=args.max_npcs,
+        max_pending_lines=args.max_pending_lines,
+        max_outbound_bytes=args.max_outbound_bytes,
+        exit_grace_ms=args.exit_grace_ms,
+    )
+    registry = build_registry(args)
     server = Server(registry, limits)
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
