@@ -27,6 +27,7 @@ from . import _messages as m
 from ._framing import LineFramer, LineTooLong
 from ._messages import Limits
 from ._protocol import Call, Connection, Invalid, Parsed, error_from, error_response, event_line, parse_line, reply_line, response
+from ._record import Recorder
 from ._service import Service
 from ._transport import PendingLines, Writer
 from .engines import EngineRegistry
@@ -42,10 +43,13 @@ RETRY_AFTER_MS = 10
 
 class Server:
     """One JSON-RPC connection over a ``ReceiveStream``/``SendStream`` pair, serving a
-    ``Service``. It is the service's event sink: events go to the writer as lines."""
+    ``Service``. It is the service's event sink: events go to the writer as lines.
 
-    def __init__(self, registry: EngineRegistry | None = None, limits: Limits | None = None) -> None:
+    ``recorder``: the session recording (``--record``), shown every line read and written."""
+
+    def __init__(self, registry: EngineRegistry | None = None, limits: Limits | None = None, recorder: Recorder | None = None) -> None:
         self.limits = limits or Limits()
+        self.recorder = recorder
         self.conn = Connection()
         self.service = Service(registry, self.limits, sink=self)
         self.registry = self.service.registry
@@ -173,7 +177,8 @@ class Server:
         ``out_fd``: the non-blocking fd behind ``send``, if it has one (the writer then writes
         to it directly when nothing is queued). ``preload``: start the default model engine in
         a worker thread at once, instead of on the first ``npc/create``."""
-        writer = self._writer = Writer(send, self.limits.max_outbound_bytes, fd=out_fd)
+        tap = self.recorder.outbound if self.recorder is not None else None
+        writer = self._writer = Writer(send, self.limits.max_outbound_bytes, fd=out_fd, tap=tap)
         pending = PendingLines(self.limits.max_pending_lines, self.limits.max_pending_bytes)
         grace = self.limits.exit_grace_ms / 1000
         end = float("inf")  # when the process must be gone, once stopping starts
@@ -220,7 +225,12 @@ class Server:
                     data = await recv.receive_some(65536)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
-                for item in framer.feed(data) if data else framer.eof():
+                items = framer.feed(data) if data else framer.eof()
+                if self.recorder is not None:
+                    self.recorder.inbound(items)
+                    if not data:
+                        self.recorder.note(eof=True)
+                for item in items:
                     parsed = self._parse(item)
                     if (
                         not self._processing

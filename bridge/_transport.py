@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -28,11 +29,15 @@ class Writer:
     ``max_bytes`` bounds what is queued or being written: ``wait_room`` waits while it is
     reached (a game that stops reading slows the turns down). ``put`` never waits: callers that
     must not block (a terminal event in shielded code) may pass the bound; they are few and
-    small. After ``close`` the writer sends what is queued, then ends; ``abandon`` drops it."""
+    small. After ``close`` the writer sends what is queued, then ends; ``abandon`` drops it.
 
-    def __init__(self, send: trio.abc.SendStream, max_bytes: int, fd: int | None = None) -> None:
+    ``tap``, if given, sees every line ``put`` accepts, in order (the session recording); it
+    must not block."""
+
+    def __init__(self, send: trio.abc.SendStream, max_bytes: int, fd: int | None = None, tap: Callable[[bytes], None] | None = None) -> None:
         self._send = send
         self._fd = fd  # a non-blocking fd behind ``send``, for direct writes
+        self._tap = tap
         self.max_bytes = max_bytes
         self._chunks: deque[bytes] = deque()
         self._queued = 0  # bytes queued or being written
@@ -63,6 +68,8 @@ class Writer:
         if self._closed or self.broken:
             self.dropped_bytes += len(line)
             return
+        if self._tap is not None:
+            self._tap(line)
         if direct and self._fd is not None and not self._chunks and not self._busy:
             try:
                 n = os.write(self._fd, line)

@@ -13,6 +13,7 @@ import trio
 from . import __version__
 from ._framing import DEFAULT_MAX_LINE_BYTES
 from ._messages import Limits
+from ._record import Recorder, recording_header
 from ._server import Server
 from ._stdio import ClaimedStdio, open_streams
 from .engines import EngineRegistry
@@ -76,6 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
     ap.add_argument("--parent-watch-ms", type=int, default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")), help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)")
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
+    ap.add_argument("--record", metavar="FILE", default=os.environ.get("OAM_RECORD") or None, help="record the session (every line in and out, the engine options) to FILE, a JSONL file python -m bridge._replay plays back (env OAM_RECORD)")
     ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
     return ap.parse_args(argv)
 
@@ -89,17 +91,22 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         exit_grace_ms=args.exit_grace_ms,
     )
     registry = build_registry(args)
-    server = Server(registry, limits)
+    recorder = _open_recorder(args)
+    server = Server(registry, limits, recorder=recorder)
     recv, send = open_streams(stdio, threads=args.stdio == "threads", poll_us=args.poll_us)
 
     async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             task_status.started()
-            async for _ in signals:
+            async for signum in signals:
                 if server.state == "closed":  # a second signal: leave at once
                     log.warning("second signal: exiting now")
+                    if recorder is not None:
+                        recorder.close()
                     _leave(0)
                 log.info("signal: exiting")
+                if recorder is not None:
+                    recorder.note(signal=int(signum))
                 server.stop()
 
     async with trio.open_nursery() as nursery:
@@ -108,8 +115,25 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
         await nursery.start(on_signals)
         if args.parent_watch_ms > 0:
             nursery.start_soon(_watch_parent, server, args.parent, args.parent_watch_ms / 1000)
-        await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
+        try:
+            await server.serve(recv, send, out_fd=getattr(send, "fileno", lambda: None)(), preload=True)
+        finally:
+            if recorder is not None:  # every line written, then the trailer, before the exit
+                recorder.close()
         nursery.cancel_scope.cancel()
+
+
+def _open_recorder(args: argparse.Namespace) -> Recorder | None:
+    """``--record``'s recorder; a file that cannot be written ends the process with one line
+    on stderr (exit status 2)."""
+    if not args.record:
+        return None
+    try:
+        return Recorder(args.record, recording_header(args.argv, vars(args)))
+    except OSError as e:
+        print(f"oam-bridge: --record {args.record}: cannot write it: {e.strerror or e}", file=sys.stderr)
+        _leave(2)
+        raise AssertionError("unreachable") from None
 
 
 async def _watch_parent(server: Server, parent: int, every_s: float) -> None:
@@ -127,6 +151,8 @@ async def _watch_parent(server: Server, parent: int, every_s: float) -> None:
         await trio.sleep(every_s)
         if os.getppid() != parent:
             log.warning("the process that started the bridge (pid %d) is gone: exiting", parent)
+            if server.recorder is not None:
+                server.recorder.note(parentGone=True)
             server.stop()
             return
 
@@ -163,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # before anything else: see _watch_parent
     args = parse_args(argv)
     args.parent = parent
+    args.argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s")
     stdio = ClaimedStdio()
     trio.run(_serve, args, stdio)
