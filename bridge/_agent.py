@@ -305,14 +305,37 @@ class _PendingCall:
         self.withdrawn: WithdrawReason | None = None  # set when resolved by withdrawal
 
 
+def _repeats(calls: list[ToolCall]) -> list[bool]:
+    """For each call of a batch, whether an earlier call of the batch has its id."""
+    seen: set[str] = set()
+    out = []
+    for call in calls:
+        out.append(call.id in seen)
+        seen.add(call.id)
+    return out
+
+
 class Turn:
-    def __init__(self, npc: Npc, params: m.RespondParams, kind: m.TurnKind = "respond", speaker: str | None = None, remember: bool = True) -> None:
+    def __init__(
+        self,
+        npc: Npc,
+        params: m.RespondParams,
+        kind: m.TurnKind = "respond",
+        speaker: str | None = None,
+        remember: bool = True,
+        resume: list[Message] | None = None,
+        return_calls: bool = False,
+    ) -> None:
         self.id = f"turn_{uuid.uuid4().hex[:12]}"
         self.npc = npc
         self.params = params
         self.kind: m.TurnKind = kind
         self.speaker = speaker  # the name the prompt is attributed to; None: the player
         self.remember = remember  # False: the turn completes but does not enter the history
+        # Stateless hosts (see ``Npc.enqueue``): the turn's own messages so far, in place of
+        # the prompt line, and tool calls handed back in turn/completed instead of requested.
+        self.resume = resume
+        self.return_calls = return_calls
         self.shown = False  # text or JSON reached the game (a fallback line then resets it)
         self.state = "queued"
         self.seq = 0
@@ -533,12 +556,36 @@ class Npc:
 
     # ---- queue ----
 
-    def enqueue(self, params: m.RespondParams, kind: m.TurnKind = "respond", speaker: str | None = None, remember: bool = True) -> Turn:
+    def enqueue(
+        self,
+        params: m.RespondParams,
+        kind: m.TurnKind = "respond",
+        speaker: str | None = None,
+        remember: bool = True,
+        *,
+        resume: list[Message] | None = None,
+        return_calls: bool = False,
+    ) -> Turn:
+        """Queue a turn. Two options serve hosts that cannot keep a turn suspended while a
+        tool runs (the OpenAI-compatible server), which rebuild the transcript every time:
+
+        - ``resume``: the turn starts from these messages (a user line, then the calls and
+          outputs of earlier steps, ending with tool outputs) instead of ``params.prompt``:
+          its first step continues from the last tool output. They enter the history with
+          the turn, as if the turn had made them.
+        - ``return_calls``: the first step whose tool calls the game would be asked to run
+          ends the turn instead: ``turn/completed`` with ``finishReason`` ``"tool_calls"``,
+          the step's text, and those calls as its last ``toolCalls`` records (no output, no
+          error); no ``turn/toolCallRequested`` is sent and nothing is committed (the turn is
+          not complete). Calls the steering refuses (unknown or hidden tool, invalid
+          arguments, over budget) still get their error output and the turn goes on, so the
+          model may correct itself; refused calls beside handed-back ones are dropped, each
+          with a warning."""
         if self.closed:
             raise BridgeError("unknown_npc", f"npc {self.npc_id!r} was deleted", npcId=self.npc_id)
         if len(self.queued) >= self._max_queued:
             raise BridgeError("busy", f"npc {self.npc_id!r} has too many queued turns")
-        turn = Turn(self, params, kind, speaker, remember)
+        turn = Turn(self, params, kind, speaker, remember, resume, return_calls)
         self.queued.append(turn)
         self._wake_worker()
         return turn
@@ -674,7 +721,7 @@ class Npc:
 
     async def _steps(self, turn: Turn) -> None:
         p = turn.params
-        working: list[Message] = [Message(role="user", content=p.prompt, name=turn.speaker)]
+        working: list[Message] = list(turn.resume) if turn.resume else [Message(role="user", content=p.prompt, name=turn.speaker)]
         working_tokens = await self._messages_tokens(working)
         records: list[m.ToolRecord] = []
         usage = Usage()
@@ -753,9 +800,22 @@ class Npc:
                     if not calls:
                         direct = True
                         continue
+                shown = {t.name: t for t in tools}
+                if turn.return_calls:
+                    problems = self._call_problems(calls, calls_made, p, shown, view)
+                    handed = [c for c, why in zip(calls, problems) if why is None and c.name != RECALL]
+                    if handed:
+                        for c, why in zip(calls, problems):
+                            if why is not None or c.name == RECALL:
+                                warnings.append(f"tool call {c.id} ({c.name}) dropped: {why or 'the bridge answers it only within a turn'}")
+                        records.extend(m.ToolRecord(c.id, c.name, c.arguments, None, None) for c in handed)
+                        await trio.lowlevel.checkpoint_if_cancelled()
+                        self._put_completed(turn, view, text, None, records, usage, step, "tool_calls", warnings)
+                        return
+                    # Every call was refused: each gets its error output at once, below.
                 rounds += 1
                 turn.move("awaiting_tool")
-                results = await self._run_calls(turn, calls, calls_made, p, {t.name: t for t in tools}, view)
+                results = await self._run_calls(turn, calls, calls_made, p, shown, view)
                 turn.move("running")
                 calls_made += len(calls)
                 new = [Message(role="assistant", content=text, tool_calls=calls)]
@@ -934,14 +994,8 @@ class Npc:
         sees it) but no event: its callId names the earlier call, which may be the game's to
         run, and that call ends with exactly one event of its own."""
         results: list[tuple[Any, str | None]] = [(None, None)] * len(calls)
-        room = p.max_tool_calls - calls_made
-        seen: set[str] = set()
-        problems: list[str | None] = []
-        repeats: list[bool] = []
-        for i, call in enumerate(calls):
-            repeats.append(call.id in seen)
-            problems.append(self._call_problem(call, shown, view, over_budget=i >= room, duplicate=repeats[i]))
-            seen.add(call.id)
+        problems = self._call_problems(calls, calls_made, p, shown, view)
+        repeats = _repeats(calls)
 
         async def one(i: int, call: ToolCall) -> None:
             if repeats[i]:
@@ -956,6 +1010,14 @@ class Npc:
             for i, call in enumerate(calls):
                 nursery.start_soon(one, i, call)
         return results
+
+    def _call_problems(self, calls: list[ToolCall], calls_made: int, p: m.RespondParams, shown: dict[str, ToolSpec], view: View) -> list[str | None]:
+        """Why the game must not get each call of a step's batch (None: it may)."""
+        room = p.max_tool_calls - calls_made
+        return [
+            self._call_problem(call, shown, view, over_budget=i >= room, duplicate=dup)
+            for i, (call, dup) in enumerate(zip(calls, _repeats(calls)))
+        ]
 
     def _call_problem(self, call: ToolCall, shown: dict[str, ToolSpec], view: View, over_budget: bool, duplicate: bool) -> str | None:
         """Why the game must not get this call (the model gets the reason as its output)."""

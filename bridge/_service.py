@@ -70,6 +70,7 @@ class TurnEvents:
         self._room.set()
         self._count = 0
         self._max = max_events
+        self._dropped: set[str] = set()  # turns whose reader left before their terminal event
 
     async def wait_room(self) -> None:
         while self._count >= self._max:
@@ -77,11 +78,30 @@ class TurnEvents:
             await self._room.wait()
 
     def put(self, event: m.Event) -> None:
+        if self._dropped and event.turn_id in self._dropped:
+            if isinstance(event, (m.TurnCompleted, m.TurnFailed)):
+                self._dropped.discard(event.turn_id)
+            return
         self._queues.setdefault(event.turn_id, deque()).append(event)
         self._count += 1
         w = self._wakeups.pop(event.turn_id, None)
         if w is not None:
             w.set()
+
+    def drop(self, turn_id: str) -> None:
+        """Stop keeping ``turn_id``'s events: their reader left before the terminal event
+        (an HTTP client that went away). What is kept is freed, and the turn's later events,
+        up to its terminal event, are not kept: untaken events would otherwise hold the
+        shared bound (``max_events``) for ever. Only for a turn whose terminal event the
+        caller has not taken."""
+        self._wakeups.pop(turn_id, None)
+        q = self._queues.pop(turn_id, None)
+        if q:
+            self._count -= len(q)
+            self._room.set()
+            if isinstance(q[-1], (m.TurnCompleted, m.TurnFailed)):
+                return  # the turn had ended: nothing more will come
+        self._dropped.add(turn_id)
 
     async def take(self, turn_id: str) -> AsyncIterator[m.Event]:
         while True:
@@ -167,6 +187,13 @@ class Service:
         if self._turn_events is None:
             raise RuntimeError("this service sends its events to a host sink")
         return self._turn_events.take(turn_id)
+
+    def drop_events(self, turn_id: str) -> None:
+        """The reader of ``events(turn_id)`` left before the terminal event: see
+        ``TurnEvents.drop`` (only without a host sink)."""
+        if self._turn_events is None:
+            raise RuntimeError("this service sends its events to a host sink")
+        self._turn_events.drop(turn_id)
 
     # ---- operations ----
 
@@ -286,7 +313,10 @@ class Service:
             raise BridgeError("unknown_npc", f"no npc {npc_id!r}", npcId=npc_id)
         return npc
 
-    def respond(self, p: m.RespondParams) -> m.RespondResult:
+    def respond(self, p: m.RespondParams, *, resume: list[Message] | None = None, return_calls: bool = False) -> m.RespondResult:
+        """Queue a turn. ``resume`` and ``return_calls`` (not on the wire) are for hosts that
+        rebuild the transcript on every request and run no turn across a tool call (the
+        OpenAI-compatible server): see ``Npc.enqueue``."""
         self._check_open()
         npc = self.npc(p.npc_id)
         has_recall = npc.view().recall_tool is not None
@@ -296,7 +326,7 @@ class Service:
             raise BridgeError("invalid_params", "toolChoice required, but the npc has no tools")
         if p.schema is not None:
             check_schema(p.schema, "schema")
-        turn = npc.enqueue(p, "respond", self._speaker_name(p.speaker))
+        turn = npc.enqueue(p, "respond", self._speaker_name(p.speaker), resume=resume, return_calls=return_calls)
         return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
 
     def _speaker_name(self, speaker: str | None) -> str | None:
