@@ -535,18 +535,24 @@ async def _chat_completions(request: Request) -> Response:
     streaming = False
     try:
         first: m.Event | None = None
+        refused: BridgeError | None = None  # kept out of the nursery's exception group
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_disconnect, request.receive, nursery.cancel_scope)
-            await req.start()
-            events = req.events()
-            # Streamed or not, nothing is sent before the turn's first words or its end,
-            # so a turn that fails at once (an unavailable engine, a prompt too long for
-            # the window) gets its proper status, not a 200 and an error in the stream.
-            async for ev in events:
-                if _is_content(ev) and (plan.stream or isinstance(ev, (m.TurnCompleted, m.TurnFailed))):
-                    first = ev
-                    break
+            try:
+                await req.start()
+                events = req.events()
+                # Streamed or not, nothing is sent before the turn's first words or its end,
+                # so a turn that fails at once (an unavailable engine, a prompt too long for
+                # the window) gets its proper status, not a 200 and an error in the stream.
+                async for ev in events:
+                    if _is_content(ev) and (plan.stream or isinstance(ev, (m.TurnCompleted, m.TurnFailed))):
+                        first = ev
+                        break
+            except BridgeError as e:
+                refused = e
             nursery.cancel_scope.cancel()
+        if refused is not None:
+            return _error_response(refused)
         if first is None:
             return Response(status_code=499)  # the client has gone: nobody reads this
         if isinstance(first, m.TurnFailed):

@@ -193,3 +193,297 @@ async def test_events_dropped_by_a_reader_that_left_are_not_kept() -> None:
             await svc.wait_idle()
         kept = svc._turn_events  # noqa: SLF001 - the bound is what is at stake
         assert kept is not None and kept._count == 0 and not kept._queues and not kept._dropped  # noqa: SLF001
+
+
+# ---- the real server, a subprocess, and the official openai client ----
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[bytes], url: str) -> None:
+        self.process, self.url = process, url
+
+    def client(self) -> openai.OpenAI:
+        # no retries: a test sees each answer as the server gave it
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=DEADLINE)
+
+
+def start_server(*args: str) -> Served:
+    """``oam serve`` on a free loopback port; the address is read from its stderr."""
+    proc = subprocess.Popen([*SERVE, "--port", "0", *args], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + DEADLINE
+    seen = b""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        found = re.search(rb"listening on (http://\S+)", line)
+        if found:
+            return Served(proc, found.group(1).decode())
+        if not line:
+            break
+    proc.kill()
+    raise AssertionError(f"the server did not start: {seen.decode()}")
+
+
+def stop_server(s: Served) -> int:
+    s.process.send_signal(signal.SIGTERM)
+    try:
+        return s.process.wait(timeout=10)
+    finally:
+        if s.process.poll() is None:
+            s.process.kill()
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Iterator[Served]:
+    s = start_server("--engine", "scripted")
+    yield s
+    assert stop_server(s) == 0, "SIGTERM stops the server cleanly"
+
+
+def test_a_plain_answer_through_the_openai_client(scripted: Served) -> None:
+    r = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+        extra_body={"script": [{"text": "Well met, traveller."}]},
+    )
+    assert r.choices[0].message.content == "Well met, traveller." and r.choices[0].finish_reason == "stop"
+    assert r.object == "chat.completion" and r.model == "scripted" and r.usage is not None and r.usage.completion_tokens == 3
+
+
+def test_a_streamed_answer_arrives_in_pieces_and_ends_with_usage(scripted: Served) -> None:
+    stream = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Hello"}], stream=True, stream_options={"include_usage": True},
+        extra_body={"script": [{"text": "Halt! Who goes there?"}]},
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert pieces == ["Halt! ", "Who ", "goes ", "there?"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_a_tool_round_trip_the_client_runs_the_call_and_the_next_request_continues_from_its_result(scripted: Served) -> None:
+    client = scripted.client()
+    messages: list[Any] = [{"role": "system", "content": "You guard the gate."}, {"role": "user", "content": "Open the north door, please."}]
+    first = client.chat.completions.create(
+        model="scripted", messages=messages, tools=[DOOR, DICE],
+        extra_body={"script": [{"text": "Let me see.", "toolCalls": [{"id": "call_1", "name": "open_door", "arguments": {"door": "north"}}]}]},
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me see."
+    calls = choice.message.tool_calls
+    assert calls is not None and [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [("call_1", "open_door", {"door": "north"})]
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": "call_1", "content": '{"opened": true}'})
+    # the second request's script echoes what the model was given last: the tool output
+    second = client.chat.completions.create(
+        model="scripted", messages=messages, tools=[DOOR, DICE], extra_body={"script": [{"text": "The door is open."}]},
+    )
+    assert second.choices[0].message.content == "The door is open." and second.choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_tool_call_arrives_as_one_delta_before_finish_reason_tool_calls(scripted: Served) -> None:
+    stream = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Roll!"}], tools=[DICE], stream=True,
+        extra_body={"script": [{"toolCalls": [{"id": "r1", "name": "roll_dice", "arguments": {"sides": 20}}]}]},
+    )
+    chunks = [c for c in stream if c.choices]
+    deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.id, d.function and d.function.name, d.function and d.function.arguments) for d in deltas] == [(0, "r1", "roll_dice", '{"sides": 20}')]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_forced_tool_is_enforced_by_the_steering(scripted: Served) -> None:
+    client = scripted.client()
+    forced: Any = {"type": "function", "function": {"name": "roll_dice"}}
+    # the model answered in words where a call was required: the turn fails, as on every engine
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DOOR, DICE], tool_choice=forced, extra_body={"script": [{"text": "Hello!"}]})
+    assert e.value.status_code == 500 and e.value.code == "generation_failed"
+    # the forced step shows only the named tool: a call to another is refused inside the turn,
+    # the model sees the error and answers on the next step; the client never sees that call
+    r = client.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DOOR, DICE], tool_choice=forced,
+        extra_body={"script": [{"toolCalls": [{"id": "x", "name": "open_door", "arguments": {"door": "east"}}]}, {"toolCalls": [{"id": "y", "name": "roll_dice", "arguments": {"sides": 6}}]}]},
+    )
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls is not None and [c.id for c in calls] == ["y"]
+
+
+def test_tool_choice_none_hides_the_tools(scripted: Served) -> None:
+    r = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DICE], tool_choice="none",
+        extra_body={"script": [{"text": "Just words.", "toolCalls": [{"id": "z", "name": "roll_dice", "arguments": {"sides": 6}}]}]},
+    )
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None and r.choices[0].message.content == "Just words."
+
+
+def test_a_json_schema_answer_is_checked_against_the_schema(scripted: Served) -> None:
+    schema = {"type": "object", "properties": {"open": {"type": "boolean"}}, "required": ["open"], "additionalProperties": False}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "gate", "schema": schema, "strict": True}}
+    client = scripted.client()
+    r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Open?"}], response_format=fmt, extra_body={"script": [{"json": {"open": True}}]})
+    assert json.loads(r.choices[0].message.content or "") == {"open": True}
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Open?"}], response_format=fmt, extra_body={"script": [{"json": {"open": "maybe"}}]})
+    assert e.value.code == "generation_failed" and "does not match the schema" in str(e.value.message)
+
+
+def test_errors_carry_their_stable_code_and_status(scripted: Served) -> None:
+    client = scripted.client()
+    with pytest.raises(openai.RateLimitError) as e:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], extra_body={"script": [{"error": "rate_limited"}]})
+    assert e.value.status_code == 429 and e.value.code == "rate_limited" and e.value.response.headers["retry-after"] == "1"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], n=2)
+    assert bad.value.code == "invalid_request" and bad.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
+    assert unknown.value.code == "invalid_params" and unknown.value.param == "model"
+    with pytest.raises(openai.BadRequestError) as bad_schema:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+    assert bad_schema.value.code == "invalid_schema"
+
+
+def test_an_error_after_the_first_words_ends_the_stream_with_the_error(scripted: Served) -> None:
+    stream = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DICE], stream=True,
+        extra_body={"script": [{"text": "Let me roll.", "toolCalls": [{"id": "a", "name": "roll_dice", "arguments": {"sides": "six"}}]}, {"error": "refusal"}]},
+    )
+    got = []
+    with pytest.raises(openai.APIError) as e:
+        for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                got.append(c.choices[0].delta.content)
+    assert "".join(got) == "Let me roll." and e.value.code == "refusal"
+
+
+def test_max_tokens_cut_off_is_finish_reason_length(scripted: Served) -> None:
+    r = scripted.client().chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Talk"}], max_tokens=3, extra_body={"script": [{"text": "One two three", "finishReason": "length"}]},
+    )
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_the_models_are_the_engines(scripted: Served) -> None:
+    ids = [x.id for x in scripted.client().models.list()]
+    assert "scripted" in ids and "auto" in ids
+    assert scripted.client().models.retrieve("scripted").id == "scripted"
+
+
+def test_many_requests_at_once_run_concurrently(scripted: Served) -> None:
+    """16 turns that each wait 1 s finish together, not one after another (16 s)."""
+    client = scripted.client()
+
+    def one(i: int) -> str:
+        r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": f"#{i}"}], extra_body={"script": [{"text": f"answer {i}", "delayMs": 1000}]})
+        return r.choices[0].message.content or ""
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(16)))
+    elapsed = time.monotonic() - t0
+    assert answers == [f"answer {i}" for i in range(16)]
+    assert elapsed < 8, f"16 one-second turns took {elapsed:.1f} s: they ran one after another"
+
+
+# ---- curl ----
+
+CURL = shutil.which("curl")
+
+
+def curl(url: str, body: dict[str, Any] | None = None, *extra: str) -> tuple[int, str]:
+    assert CURL is not None
+    args = [CURL, "-sS", "-N", "-w", "\n%{http_code}", url]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    r = subprocess.run([*args, *extra], capture_output=True, text=True, timeout=DEADLINE)
+    assert r.returncode == 0, r.stderr
+    out, _, status = r.stdout.rpartition("\n")
+    return int(status), out
+
+
+@pytest.mark.skipif(CURL is None, reason="no curl")
+def test_curl_gets_an_answer_a_stream_and_an_error_status(scripted: Served) -> None:
+    url = scripted.url + "/v1/chat/completions"
+    status, out = curl(url, {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"text": "Hello, curl."}]})
+    assert status == 200 and json.loads(out)["choices"][0]["message"]["content"] == "Hello, curl."
+    status, out = curl(url, {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "Hi"}], "script": [{"text": "a b"}]})
+    lines = [x for x in out.split("\n") if x]
+    assert status == 200 and all(x.startswith("data: ") for x in lines) and lines[-1] == "data: [DONE]"
+    assert "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in lines[:-1]) == "a b"
+    status, out = curl(url, {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"error": "context_size_exceeded"}]})
+    assert status == 400 and json.loads(out)["error"]["code"] == "context_size_exceeded"
+    status, out = curl(url, None, "-H", "Content-Type: application/json", "-d", "{not json")
+    assert status == 400 and json.loads(out)["error"]["code"] == "invalid_request"
+    status, out = curl(scripted.url + "/v1/models")
+    assert status == 200 and "scripted" in [x["id"] for x in json.loads(out)["data"]]
+
+
+# ---- the real server in process: what a request leaves behind ----
+
+
+@asynccontextmanager
+async def served_in_process() -> AsyncIterator[tuple[Service, str]]:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    registry = EngineRegistry(default="scripted", scripted=ScriptedEngine())
+    stop = trio.Event()
+    async with Service.running(registry) as svc, trio.open_nursery() as nursery:
+        app: Any = create_app(svc, registry, default_engine="scripted")
+        binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stop.wait))
+        try:
+            yield svc, binds[0]
+        finally:
+            stop.set()
+
+
+async def _until_no_npc(svc: Service) -> None:
+    while svc.npcs or not svc.idle():
+        await trio.sleep(0.01)
+
+
+async def test_a_client_that_leaves_a_stream_cancels_its_turn() -> None:
+    async with served_in_process() as (svc, url), httpx.AsyncClient(timeout=DEADLINE) as client:
+        body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "Sing"}], "script": [{"text": "la " * 2000, "chunkMs": 5}]}
+        with trio.fail_after(DEADLINE):
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    if '"la "' in line:
+                        break
+                assert len(svc.npcs) == 1 and not svc.idle(), "the turn is streaming"
+            # the connection is closed: the turn ends long before its 10 s of words
+            t0 = trio.current_time()
+            await _until_no_npc(svc)
+            assert trio.current_time() - t0 < 2
+        kept = svc._turn_events  # noqa: SLF001
+        assert kept is not None and kept._count == 0 and not kept._dropped, "nothing is left of the turn's events"  # noqa: SLF001
+
+
+async def test_a_client_that_leaves_before_the_answer_cancels_its_turn() -> None:
+    async with served_in_process() as (svc, url), httpx.AsyncClient() as client:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "Think"}], "script": [{"text": "Done.", "delayMs": 20_000}]}
+        with trio.fail_after(DEADLINE):
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(DEADLINE, read=0.5))
+            t0 = trio.current_time()
+            await _until_no_npc(svc)
+            assert trio.current_time() - t0 < 2, "the turn was cancelled, not waited for"
+
+
+async def test_every_request_leaves_no_npc_behind() -> None:
+    async with served_in_process() as (svc, url), httpx.AsyncClient(timeout=DEADLINE) as client:
+        with trio.fail_after(DEADLINE):
+            ok = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]})
+            failed = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"error": "busy"}]})
+            calls = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "tools": [DICE], "script": [{"toolCalls": [{"name": "roll_dice", "arguments": {"sides": 4}}]}]})
+            assert (ok.status_code, failed.status_code, calls.status_code) == (200, 503, 200)
+            assert failed.json()["error"]["code"] == "busy" and calls.json()["choices"][0]["finish_reason"] == "tool_calls"
+            await _until_no_npc(svc)
