@@ -487,3 +487,36 @@ async def test_every_request_leaves_no_npc_behind() -> None:
             assert (ok.status_code, failed.status_code, calls.status_code) == (200, 503, 200)
             assert failed.json()["error"]["code"] == "busy" and calls.json()["choices"][0]["finish_reason"] == "tool_calls"
             await _until_no_npc(svc)
+
+
+# ---- the bundled model ----
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[Served]:
+    if not HAS_LLAMA_CPP:
+        pytest.skip("llama-cpp-python is not installed")
+    s = start_server("--engine", "llama")
+    yield s
+    assert stop_server(s) == 0
+
+
+def test_a_tool_round_trip_on_the_bundled_model(llama: Served) -> None:
+    client = llama.client()
+    messages: list[Any] = [{"role": "system", "content": "You are Bram, the gate guard."}, {"role": "user", "content": "Roll a twenty-sided die for me."}]
+    forced: Any = {"type": "function", "function": {"name": "roll_dice"}}
+    first = client.chat.completions.create(model="llama", messages=messages, tools=[DOOR, DICE], tool_choice=forced, max_tokens=60, temperature=0, seed=7)
+    calls = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls" and calls is not None and calls[0].function.name == "roll_dice"
+    assert isinstance(json.loads(calls[0].function.arguments)["sides"], int), "the grammar keeps the arguments to the schema"
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": '{"rolled": 17}'} for c in calls]  # every call is answered
+    stream = client.chat.completions.create(model="llama", messages=messages, tools=[DOOR, DICE], max_tokens=40, temperature=0, seed=7, stream=True)
+    chunks = [c for c in stream if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.strip() and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_max_tokens_on_the_bundled_model_ends_with_finish_reason_length(llama: Served) -> None:
+    r = llama.client().chat.completions.create(model="llama", messages=[{"role": "user", "content": "Tell me a long story about dragons."}], max_tokens=3, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage is not None and r.usage.completion_tokens <= 3
