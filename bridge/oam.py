@@ -175,6 +175,15 @@ class Prompter:
             finally:
                 self._running = None
 
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def idle(self) -> None:
+        """Wait for the running prompt to end (the terminal is then the text's again)."""
+        async with self._lock:
+            pass
+
     def _prompt(self, session: Any, message: str) -> str:
         def pre_run() -> None:
             if self._abort:
@@ -289,8 +298,8 @@ class Session:
     tools: ToolAnswerer
     label: str
     running_turn: str | None = None
-    interrupted: bool = False
-    _prompting: set[str] = field(default_factory=set)
+    _prompting: set[str] = field(default_factory=set)  # calls whose output the person is asked for
+    _notes: dict[str, str] = field(default_factory=dict)  # to say when that prompt has ended
 
     async def turn(self, params: m.RespondParams, *, show_text: bool = True, label: str = "") -> m.TurnCompleted:
         """Run one turn: text streamed to stdout as it comes (after ``label``, written before
@@ -298,13 +307,15 @@ class Session:
         when it fails (``cancelled`` after Ctrl-C)."""
         result = self.svc.respond(params)
         self.running_turn = result.turn_id
-        self.interrupted = False
         calls: dict[str, trio.CancelScope] = {}
         end: m.TurnCompleted | m.TurnFailed | None = None
         try:
             async with trio.open_nursery() as nursery:
                 async for ev in self.svc.events(result.turn_id):
                     if isinstance(ev, m.TextDelta) and show_text:
+                        prompter = self.tools.prompter
+                        if prompter is not None and prompter.busy:  # a withdrawn call's prompt is ending
+                            await prompter.idle()
                         if label:
                             await self.out.write(label)
                             label = ""
@@ -316,9 +327,13 @@ class Session:
                         calls[ev.call_id] = scope
                         nursery.start_soon(self._answer, ev, scope)
                     elif isinstance(ev, m.ToolCallWithdrawn):
-                        self._end_call(calls, ev.call_id)
                         if ev.reason == "timeout":
-                            _say(f"oam: tool {ev.name}: not answered in time; the model is told so")
+                            note = f"oam: tool {ev.name}: not answered in time; the model is told so"
+                            if ev.call_id in self._prompting:  # said once its prompt has ended
+                                self._notes[ev.call_id] = note
+                            else:
+                                _say(note)
+                        self._end_call(calls, ev.call_id)
                     elif isinstance(ev, (m.TurnCompleted, m.TurnFailed)):
                         end = ev
                         break
@@ -346,6 +361,9 @@ class Session:
             try:
                 output, error = await self.tools.answer(call)
             except PromptAborted:
+                note = self._notes.pop(call.call_id, None)
+                if note is not None:
+                    _say(note)
                 return
             except KeyboardInterrupt:  # Ctrl-C at the tool prompt: cancel the turn
                 self.cancel()
@@ -363,7 +381,6 @@ class Session:
         """Cancel the running turn (Ctrl-C); False when there is none."""
         if self.running_turn is None:
             return False
-        self.interrupted = True
         self.svc.cancel(m.NpcRef(npc_id=self.npc_id))
         return True
 

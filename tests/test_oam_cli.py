@@ -281,8 +281,8 @@ class Terminal:
         deadline = time.monotonic() + timeout
         while True:
             screen = _unpadded(self.screen())
-            tail = screen.rsplit(after, 1)[-1] if after else screen
-            if text in tail:
+            _, seen, tail = screen.rpartition(after) if after else ("", "", screen)
+            if text in tail and (seen or not after):
                 return screen
             if time.monotonic() > deadline:
                 pytest.fail(f"{text!r} did not show in {timeout} s; the screen:\n{screen}")
@@ -381,3 +381,39 @@ def test_chat_saves_resets_and_loads_the_transcript_in_npc_transcripts_format(tm
     t.wait_for("oam: missing.json: cannot read it", after="/load missing.json")
     t.type("/quit")
     t.wait_for("[exited 0]")
+
+
+def test_a_tool_prompt_left_unanswered_ends_at_its_timeout_and_ctrl_c_there_cancels_the_turn(tmp_path: Path, terminal: Any) -> None:
+    write(tmp_path, "tools.json", INVENTORY)
+    wine = {"toolCalls": [{"id": "c2", "name": "check_inventory", "arguments": {"item": "wine"}}]}
+    write(tmp_path, "s.json", [ALE_CALL, {"text": "Nobody answered."}, wine, {"text": "never shown"}])
+    t = terminal("--engine scripted --script s.json --tools tools.json --tool-timeout-ms 1500")
+    t.type("Any ale?")
+    t.wait_for("check_inventory output (JSON, or !error)> ")
+    t.wait_for("oam: tool check_inventory: not answered in time; the model is told so\nnpc: Nobody answered.\nyou> ", timeout=DEADLINE)
+    t.type("Any wine?")
+    t.wait_for("check_inventory output (JSON, or !error)> ", after="Any wine?")
+    t.keys("C-c")
+    t.wait_for("oam: cancelled: turn cancelled\nyou> ", after="Any wine?")
+    t.type("/history")
+    screen = t.wait_for("you> ", after="/history\n")
+    assert "wine" not in screen.rsplit("/history\n", 1)[1], "the cancelled turn rolled back"
+    t.type("/quit")
+    t.wait_for("[exited 0]")
+
+
+def test_respond_at_a_terminal_asks_the_person_for_a_tools_output_and_pipes_only_the_words(tmp_path: Path) -> None:
+    if shutil.which("tmux") is None:
+        if CI:
+            pytest.fail("CI=true but tmux is missing (.ci/run installs it)")
+        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+    write(tmp_path, "tools.json", INVENTORY)
+    write(tmp_path, "s.json", [ALE_CALL, {"text": "Three barrels."}])
+    t = Terminal(tmp_path, f"{shlex.quote(OAM)} respond --engine scripted --script s.json --tools tools.json 'Any ale?' | tee words.txt")
+    try:
+        t.wait_for('npc calls check_inventory {"item": "ale"}\ncheck_inventory output (JSON, or !error)> ')
+        t.type("3")
+        t.wait_for("Three barrels.\n[exited 0]")
+        assert (tmp_path / "words.txt").read_text() == "Three barrels.\n"
+    finally:
+        t.close()
