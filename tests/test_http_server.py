@@ -207,9 +207,9 @@ class Served:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=DEADLINE)
 
 
-def start_server(*args: str) -> Served:
+def start_server(*args: str, command: list[str] = SERVE) -> Served:
     """``oam serve`` on a free loopback port; the address is read from its stderr."""
-    proc = subprocess.Popen([*SERVE, "--port", "0", *args], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*command, *args, "--port", "0"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     deadline = time.monotonic() + DEADLINE
     seen = b""
@@ -520,3 +520,44 @@ def test_a_tool_round_trip_on_the_bundled_model(llama: Served) -> None:
 def test_max_tokens_on_the_bundled_model_ends_with_finish_reason_length(llama: Served) -> None:
     r = llama.client().chat.completions.create(model="llama", messages=[{"role": "user", "content": "Tell me a long story about dragons."}], max_tokens=3, temperature=0)
     assert r.choices[0].finish_reason == "length" and r.usage is not None and r.usage.completion_tokens <= 3
+
+
+# ---- the documents ----
+
+
+def _blocks(markdown: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", markdown, re.S | re.M)
+
+
+def test_the_readme_lines_work_as_printed() -> None:
+    """The README's server line as printed (``--port 0`` added), then its curl line and its Python
+    snippet against that server (their URL's port replaced by it)."""
+    section = Path(ROOT, "README.md").read_text().split("## OpenAI-compatible server", 1)[1].split("\n## ", 1)[0]
+    start, ask = _blocks(section, "sh")
+    (snippet,) = _blocks(section, "python")
+    command = start.split("#")[0].split()
+    assert command[:2] == [".venv/bin/oam", "serve"]
+    s = start_server(*command[2:], command=[str(Path(ROOT, command[0])), "serve"])
+    try:
+        port = s.url.rsplit(":", 1)[1]
+        curl_line = ask.replace("\\\n", " ").replace("127.0.0.1:8090", f"127.0.0.1:{port}")
+        r = subprocess.run(["bash", "-c", curl_line], capture_output=True, text=True, timeout=DEADLINE)
+        assert r.returncode == 0 and json.loads(r.stdout)["choices"][0]["message"]["content"] == "You said: Hello!"
+        r = subprocess.run([sys.executable, "-c", snippet.replace("127.0.0.1:8090", f"127.0.0.1:{port}")], capture_output=True, text=True, timeout=DEADLINE)
+        assert r.returncode == 0 and r.stdout == "You said: Hello!\n", r.stderr
+    finally:
+        assert stop_server(s) == 0
+
+
+def test_docs_http_lists_every_error_code_with_its_status_and_every_field() -> None:
+    from bridge._http import NEUTRAL, SUPPORTED
+    from bridge.errors import ERROR_CODES, HTTP_STATUS
+
+    doc = Path(ROOT, "docs", "http.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (\d+) \| (?:yes|no) \|$", doc, re.M))
+    assert rows == {code: str(status) for code, status in HTTP_STATUS.items()}
+    for code, (_, retryable) in ERROR_CODES.items():
+        assert f"| `{code}` | {HTTP_STATUS[code]} | {'yes' if retryable else 'no'} |" in doc
+    for name in SUPPORTED | set(NEUTRAL):
+        assert f"`{name}`" in doc, f"docs/http.md does not say what happens to {name}"
+    assert "(docs/http.md)" in Path(ROOT, "README.md").read_text() and "(docs/http.md)" in Path(ROOT, "protocol.md").read_text()
