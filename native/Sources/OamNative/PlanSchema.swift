@@ -48,6 +48,12 @@ struct PlanSchema: Sendable, Equatable {
     let rootDescription: String?
     let warnings: [String]
 
+    /// Bound of integer guides (minimum, maximum, exclusive*): beyond it a schema is refused
+    /// with invalid_schema (bridge/engines/native.py checks the same before the call).
+    static let maxIntegerBound = 9.0e15
+    /// Bound of minItems / maxItems.
+    static let maxElementCount = Int(Int32.max)
+
     /// Converts a JSON Schema. `rootName` names the root type (e.g. "Answer" or a tool name).
     /// Throws `OamError("invalid_schema", …)` for schemas that cannot be represented.
     static func convert(_ schema: JSON, rootName: String = "Answer") throws -> PlanSchema {
@@ -345,10 +351,10 @@ private final class PlanSchemaConverter {
             var lo = try intBound(obj["minimum"], "minimum", path)
             var hi = try intBound(obj["maximum"], "maximum", path)
             if let x = try exclusive(obj["exclusiveMinimum"], "exclusiveMinimum", path) {
-                let v = Int((x + 1).rounded(.down)); lo = max(lo ?? v, v)
+                let v = try Self.integerBound((x + 1).rounded(.down), "exclusiveMinimum", path); lo = max(lo ?? v, v)
             }
             if let x = try exclusive(obj["exclusiveMaximum"], "exclusiveMaximum", path) {
-                let v = Int((x - 1).rounded(.up)); hi = min(hi ?? v, v)
+                let v = try Self.integerBound((x - 1).rounded(.up), "exclusiveMaximum", path); hi = min(hi ?? v, v)
             }
             if let a = lo, let b = hi, a > b { throw OamError("invalid_schema", "\(path): minimum > maximum") }
             return finish(.integer(minimum: lo, maximum: hi))
@@ -406,14 +412,25 @@ private final class PlanSchemaConverter {
         guard let d = v.double, d >= 0, d == d.rounded() else {
             throw OamError("invalid_schema", "\(path): \(key) must be a non-negative integer")
         }
+        guard d <= Double(PlanSchema.maxElementCount) else {
+            throw OamError("invalid_schema", "\(path): \(key) is out of range (at most \(PlanSchema.maxElementCount))")
+        }
         return Int(d)
     }
 
     func intBound(_ v: JSON?, _ key: String, _ path: String) throws -> Int? {
         guard let v, v != .null else { return nil }
         guard let d = v.double else { throw OamError("invalid_schema", "\(path): \(key) must be a number") }
-        guard abs(d) < 9.0e15 else { throw OamError("invalid_schema", "\(path): \(key) is out of range") }
-        return key == "minimum" ? Int(d.rounded(.up)) : Int(d.rounded(.down))
+        return try Self.integerBound(key == "minimum" ? d.rounded(.up) : d.rounded(.down), key, path)
+    }
+
+    /// `d` (already whole) as an Int, or invalid_schema when it is not finite or beyond
+    /// ±`maxIntegerBound`: `Int(_: Double)` traps on such values and would take the host down.
+    static func integerBound(_ d: Double, _ key: String, _ path: String) throws -> Int {
+        guard d.isFinite, abs(d) <= PlanSchema.maxIntegerBound else {
+            throw OamError("invalid_schema", "\(path): \(key) is out of range (integers are bounded by ±\(Int(PlanSchema.maxIntegerBound)))")
+        }
+        return Int(d)
     }
 
     func exclusive(_ v: JSON?, _ key: String, _ path: String) throws -> Double? {

@@ -50,6 +50,8 @@ struct PlanOptions: Sendable, Equatable {
 }
 
 struct PlanTranscript: Sendable {
+    /// Largest `options.maxTokens` taken (larger: invalid_params; the context is far smaller).
+    static let maxMaxTokens = Int(Int32.max)
     var instructions: String
     /// The step's tools as the host gave them (their definitions go into the instructions
     /// entry and into the session). The host sends none on a disallowed step.
@@ -234,11 +236,16 @@ struct PlanTranscript: Sendable {
             }
         }
         if let t = try number("temperature") {
-            guard t >= 0 else { throw OamError("invalid_request", "options.temperature must be >= 0") }
+            // Apple documents 0...1 for GenerationOptions.temperature.
+            guard t >= 0, t <= 1 else { throw OamError("invalid_params", "options.temperature must be in [0, 1] on Apple's model, got \(t)") }
             out.temperature = t
         }
         if let m = try number("maxTokens") {
             guard m >= 1, m == m.rounded() else { throw OamError("invalid_request", "options.maxTokens must be a positive integer") }
+            // Int(_: Double) traps beyond Int's range: refuse before converting.
+            guard m <= Double(PlanTranscript.maxMaxTokens) else {
+                throw OamError("invalid_params", "options.maxTokens must be at most \(PlanTranscript.maxMaxTokens), got \(m)")
+            }
             out.maximumResponseTokens = Int(m)
         }
         var seed: UInt64?

@@ -15,6 +15,28 @@ final class PlanSchemaTests: XCTestCase {
         XCTAssertEqual(props.map(\.isOptional), [false, false, true])
     }
 
+    /// Counts and integer bounds that would trap in Int(_: Double) are refused with
+    /// invalid_schema (the trap would take the host process down).
+    func testOutOfRangeNumbersAreRefusedNotTrapped() {
+        for bad in [
+            #"{"type":"array","items":{"type":"string"},"minItems":1e30}"#,
+            #"{"type":"array","items":{"type":"string"},"maxItems":1e30}"#,
+            #"{"type":"array","items":{"type":"string"},"maxItems":3e9}"#,
+            #"{"type":"integer","exclusiveMinimum":1e300}"#,
+            #"{"type":"integer","exclusiveMaximum":-1e300}"#,
+            #"{"type":"integer","exclusiveMaximum":1e300}"#,
+            #"{"type":"integer","minimum":1e300}"#,
+            #"{"type":"integer","maximum":-1e20}"#,
+        ] {
+            XCTAssertThrowsError(try conv(bad)) { e in
+                XCTAssertEqual((e as? OamError)?.code, "invalid_schema", bad)
+                XCTAssertTrue((e as? OamError)?.message.contains("out of range") ?? false, bad)
+            }
+        }
+        XCTAssertEqual(try conv(#"{"type":"integer","exclusiveMinimum":-1,"exclusiveMaximum":9e15}"#).root,
+                       .integer(minimum: 0, maximum: 8_999_999_999_999_999))
+    }
+
     func testExplicitOrderList() throws {
         let s = try conv(#"{"type":"object","x-order":["z","a"],"properties":{"a":{"type":"string"},"z":{"type":"string"},"m":{"type":"boolean"}}}"#)
         guard case .object(_, _, let props) = s.root else { return XCTFail() }

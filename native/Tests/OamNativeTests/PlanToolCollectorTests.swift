@@ -10,8 +10,9 @@ final class Delivered: @unchecked Sendable {
 
 final class PlanToolCollectorTests: XCTestCase {
     /// Parallel calls arriving within the quiet window are delivered once, together, in
-    /// arrival order; cancelling the model task resumes every suspended call.
-    func testParallelCallsAreDeliveredOnceThenCancelled() async throws {
+    /// arrival order; delivery alone (no cancellation) ends every suspended call with
+    /// `Collected`, so the model task ends even if FoundationModels never passes a cancel on.
+    func testDeliveryEndsTheSuspendedCallsWithoutCancellation() async throws {
         let got = Delivered()
         let ready = expectation(description: "ready")
         let c = PlanToolCollector(quietMs: 25, idPrefix: "call_t_") { calls in got.add(calls); ready.fulfill() }
@@ -31,12 +32,43 @@ final class PlanToolCollectorTests: XCTestCase {
         XCTAssertEqual(got.all[0].map(\.name), ["t0", "t1", "t2"])
         XCTAssertEqual(got.all[0].map(\.id), ["call_t_0", "call_t_1", "call_t_2"])
         XCTAssertTrue(c.hasDelivered)
-        model.cancel()                                   // what the backend does after delivery
-        let r = await model.result
-        guard case .failure(let e) = r else { return XCTFail("record must not return") }
-        XCTAssertTrue(e is CancellationError)
+        // The model task is never cancelled here: it must end by itself, soon.
+        let ended = expectation(description: "model task ended")
+        let outcome = Task { () -> Error? in
+            let r = await model.result
+            ended.fulfill()
+            if case .failure(let e) = r { return e }
+            return nil
+        }
+        await fulfillment(of: [ended], timeout: 2)
+        let e = await outcome.value
+        XCTAssertEqual(e as? PlanToolCollector.Collected, PlanToolCollector.Collected(), "record must throw Collected")
+        XCTAssertFalse(model.isCancelled)
         try await Task.sleep(nanoseconds: 60_000_000)
         XCTAssertEqual(got.all.count, 1)                 // never delivered twice
+    }
+
+    /// A call that arrives after delivery is not sent to the host, throws at once, and is
+    /// kept (once) for the step's warning.
+    func testACallAfterDeliveryThrowsAtOnceAndIsReportedLate() async throws {
+        let got = Delivered()
+        let ready = expectation(description: "ready")
+        let c = PlanToolCollector(quietMs: 5, idPrefix: "call_t_") { calls in got.add(calls); ready.fulfill() }
+        let first = Task { try await c.record(name: "open_door", arguments: .object([:])) }
+        await fulfillment(of: [ready], timeout: 2)
+        let lateEnded = expectation(description: "the late call ended")
+        let late = Task { () -> Error? in
+            defer { lateEnded.fulfill() }
+            do { try await c.record(name: "give_item", arguments: .object([:])) } catch { return error }
+        }
+        await fulfillment(of: [lateEnded], timeout: 2)   // bounded: a call that suspends fails here
+        let e = await late.value
+        XCTAssertTrue(e is PlanToolCollector.Collected)
+        first.cancel()
+        XCTAssertEqual(got.all.map { $0.map(\.name) }, [["open_door"]])
+        XCTAssertEqual(c.takeLateCalls(), ["give_item"])
+        XCTAssertEqual(c.takeLateCalls(), [])
+        XCTAssertTrue(PlanToolCollector.lateWarning(["give_item"]).contains("give_item"))
     }
 
     func testQuietWindowIsCappedForATrickleOfCalls() async throws {

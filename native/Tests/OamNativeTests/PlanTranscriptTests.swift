@@ -114,6 +114,19 @@ final class PlanTranscriptTests: XCTestCase {
         XCTAssertEqual(try PlanTranscript.parseOptions(nil), PlanOptions())
     }
 
+    /// Values that would trap in Int(_: Double), or that Apple's model does not take, are
+    /// refused with invalid_params instead of taking the host process down.
+    func testOutOfRangeOptionsAreRefusedNotTrapped() {
+        for (bad, what) in [(#"{"maxTokens":1e300}"#, "maxTokens"), (#"{"maxTokens":3e9}"#, "maxTokens"),
+                            (#"{"temperature":1.5}"#, "temperature"), (#"{"temperature":1e300}"#, "temperature")] {
+            XCTAssertThrowsError(try PlanTranscript.parseOptions(req(bad))) { e in
+                XCTAssertEqual((e as? OamError)?.code, "invalid_params", bad)
+                XCTAssertTrue((e as? OamError)?.message.contains(what) ?? false, bad)
+            }
+        }
+        XCTAssertEqual(try PlanTranscript.parseOptions(req(#"{"temperature":1,"maxTokens":2147483647}"#)).maximumResponseTokens, 2147483647)
+    }
+
     func testForCountingKeepsEverything() throws {
         let p = try PlanTranscript.build(req(#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#), forCounting: true)
         XCTAssertEqual(p.history.count, 2)
