@@ -18,15 +18,17 @@ The file, one JSON object per line:
   - ``{"t", "dir": "in", "read": N, "tooLong": bytes}``: a line over ``maxLineBytes`` (dropped);
   - ``{"t", "dir": "in", "eof": true}``, ``{"t", "dir": "in", "signal": 15}``,
     ``{"t", "dir": "in", "parentGone": true}``: how the session ended, when the game ended it;
-  - ``{"t", "dir": "out", "msg": {...}}``: a line the bridge wrote (or queued when it left),
-    verbatim: the bridge's lines are JSON, so the record embeds the line's own bytes.
+  - ``{"t", "dir": "out", "msg": {...}}``: a line the bridge wrote, verbatim (the bridge's
+    lines are JSON, so the record embeds the line's own bytes); ``t`` is when it was written,
+    shared by the lines of one write. Lines dropped at exit because the game did not read
+    them are not in the recording.
 - last, the trailer: ``{"end": true, "t", "npcs": {npcId: {"engine", "model", "options"}},
   "droppedLines": N}``: each NPC's engine as the bridge chose it and its generation options
   (``temperature``, ``seed``: null is the engine's default; the llama engine's default seed is
   random, so only an NPC with a seed, or at temperature 0, replays its texts).
 
-Cost on the event loop: a time stamp and a deque append per line. A thread formats and writes
-the records, flushing every ``FLUSH_EVERY_S``; it never touches stdout. ``close`` (stdin EOF,
+Cost on the event loop: a time stamp and a deque append per read and per write (the writer
+writes many lines at once while a turn streams). A thread formats and writes the records, flushing every ``FLUSH_EVERY_S``; it never touches stdout. ``close`` (stdin EOF,
 ``exit``, a signal, the game gone) writes what is queued and the trailer. Bound: past
 ``MAX_BACKLOG_BYTES`` not yet written (a disk slower than the bridge), lines are dropped from
 the recording, never from the protocol, and the trailer counts them.
@@ -92,13 +94,13 @@ class Recorder:
         for item in items:
             self._add(_IN, t, (self._reads, item), _TOO_LONG_SIZE if isinstance(item, LineTooLong) else len(item))
 
-    def outbound(self, line: bytes) -> None:
-        """One line the bridge writes (with its newline)."""
+    def outbound(self, data: bytes) -> None:
+        """Lines the bridge writes (whole, with their newlines; one or many)."""
         if self._added - self._written > MAX_BACKLOG_BYTES:
-            self.dropped_lines += 1
+            self.dropped_lines += data.count(b"\n")
             return
-        self._added += len(line)
-        self._queue.append((_OUT, time.monotonic(), line))
+        self._added += len(data)
+        self._queue.append((_OUT, time.monotonic(), data))
 
     def note(self, **what: Any) -> None:
         """How the game ended the session: ``eof=True``, ``signal=15``, ``parentGone=True``."""
@@ -149,10 +151,15 @@ class Recorder:
         while queue:
             kind, t, what = queue.popleft()
             if kind == _OUT:
+                # The bridge's lines are JSON without a raw newline: one replace makes the
+                # records of the whole write, with no Python work per line.
                 written += len(what)
-                out.append(b'{"t":%.6f,"dir":"out","msg":%s}\n' % (t - t0, what.rstrip(b"\n")))
-                if self._creating and what.startswith(b'{"jsonrpc":"2.0","id":'):
-                    self._created(what)
+                prefix = b'{"t":%.6f,"dir":"out","msg":' % (t - t0)
+                out.append(prefix + what[:-1].replace(b"\n", b"}\n" + prefix) + b"}\n")
+                if self._creating:
+                    for line in what.split(b"\n"):
+                        if line.startswith(b'{"jsonrpc":"2.0","id":'):
+                            self._created(line)
             elif kind == _IN:
                 read, item = what
                 rec: dict[str, Any] = {"t": round(t - t0, 6), "dir": "in", "read": read}

@@ -31,13 +31,15 @@ class Writer:
     must not block (a terminal event in shielded code) may pass the bound; they are few and
     small. After ``close`` the writer sends what is queued, then ends; ``abandon`` drops it.
 
-    ``tap``, if given, sees every line ``put`` accepts, in order (the session recording); it
-    must not block."""
+    ``tap``, if given, is shown the bytes as they are written (whole lines, many per call, in
+    order: the session recording); it must not block. A line written in part is shown once,
+    whole."""
 
     def __init__(self, send: trio.abc.SendStream, max_bytes: int, fd: int | None = None, tap: Callable[[bytes], None] | None = None) -> None:
         self._send = send
         self._fd = fd  # a non-blocking fd behind ``send``, for direct writes
         self._tap = tap
+        self._tapped = 0  # bytes at the head of ``_chunks`` that ``tap`` has already seen
         self.max_bytes = max_bytes
         self._chunks: deque[bytes] = deque()
         self._queued = 0  # bytes queued or being written
@@ -68,9 +70,9 @@ class Writer:
         if self._closed or self.broken:
             self.dropped_bytes += len(line)
             return
-        if self._tap is not None:
-            self._tap(line)
         if direct and self._fd is not None and not self._chunks and not self._busy:
+            if self._tap is not None:
+                self._tap(line)
             try:
                 n = os.write(self._fd, line)
             except BlockingIOError:
@@ -84,6 +86,8 @@ class Writer:
             if n == len(line):
                 return
             line = line[n:]
+            if self._tap is not None:
+                self._tapped = len(line)
         self._chunks.append(line)
         self._queued += len(line)
         if self._queued >= self.max_bytes:
@@ -99,6 +103,7 @@ class Writer:
         """Drop what is still queued; returns the bytes dropped."""
         dropped = self._queued  # queued, and any write in progress, which is cancelled next
         self._chunks.clear()
+        self._tapped = 0
         self.dropped_bytes += dropped
         self._closed = True
         self._wakeup.set()
@@ -121,6 +126,10 @@ class Writer:
                     await self._wakeup.wait()
                 data = b"".join(self._chunks)
                 self._chunks.clear()
+                if self._tap is not None:
+                    fresh, self._tapped = data[self._tapped:] if self._tapped else data, 0
+                    if fresh:
+                        self._tap(fresh)
                 self._busy = True
                 try:
                     await self._send.send_all(data)
