@@ -33,7 +33,8 @@ How it plays:
 
 The first divergence found ends the replay: a recorded line answered differently (the
 recording's line number, the expected and the actual line, the fields that differ), a line the
-recording does not have, or a recorded line that did not come within ``--timeout`` seconds.
+recording does not have, or a recorded line that did not come (``--timeout`` seconds passed
+without a line from the bridge).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from typing import Any, Final
 
 import trio
 
-DEFAULT_TIMEOUT_S: Final = 30.0
+DEFAULT_TIMEOUT_S: Final = 30.0  # seconds without a line from the bridge while a recorded one is awaited
+STARTUP_S: Final = 60.0  # the bridge's first line (its start-up, a model loading) gets this at least
 # what the bridge makes up per run (uuid4-based): turn_ + 12 hex, call_ + 8 or 12 hex
 _BRIDGE_ID: Final = re.compile(r"^(turn|call)_[0-9a-f]{8,12}$")
 _ID_IN_LINE: Final = re.compile(r'"((?:turn|call)_[0-9a-f]{8,12})"')
@@ -415,13 +417,16 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
             err.extend(data)
 
     async def wait_for(done: Callable[[], bool]) -> bool:
-        with trio.move_on_after(timeout_s):
-            while not done() and out.divergence is None:
-                if stdout_done.is_set():
-                    return done()
+        """Until ``done()``; ``False`` after ``timeout_s`` with no line from the bridge (its
+        first line, which waits for its start-up, gets ``STARTUP_S`` at least)."""
+        while not done() and out.divergence is None:
+            if stdout_done.is_set():
+                return done()
+            with trio.move_on_after(timeout_s if matcher.count else max(timeout_s, STARTUP_S)) as waited:
                 await changed.wait()
-            return True
-        return False
+            if waited.cancelled_caught:
+                return False
+        return True
 
     try:
         async with trio.open_nursery() as nursery:
@@ -483,7 +488,7 @@ def _parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "(exit status 0: it matched, 1: it diverged, 2: no replay). Options after -- go to the bridge, after the recorded ones.",
     )
     ap.add_argument("recording", help="the JSONL file oam-bridge --record wrote")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds to wait for each recorded line of the bridge (default {DEFAULT_TIMEOUT_S:g})")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds without a line from the bridge before a recorded line it has not written counts as missing (default {DEFAULT_TIMEOUT_S:g}; its first line gets {STARTUP_S:g} at least)")
     ap.add_argument("--bridge", help="the bridge command to replay against (default: this Python's -m bridge), e.g. dist/oam-bridge/oam-bridge")
     ap.add_argument("--quiet", action="store_true", help="print the divergence only")
     return ap.parse_args(argv), extra
