@@ -539,7 +539,12 @@ async def cmd_respond(args: argparse.Namespace, stdio: ClaimedStdio) -> int:
     out = TextOut(stdio.out_fd)
     async with _open_npc(args, out, prompter) as session:
         session.tools.quiet = not args.verbose
-        done = await session.turn(_respond_params(args, args.npc_id, prompt, schema), show_text=schema is None)
+        try:
+            done = await session.turn(_respond_params(args, args.npc_id, prompt, schema), show_text=schema is None)
+        except BridgeError:
+            await out.end_line()  # the words shown before the failure end their line
+            await out.flush()
+            raise
         if schema is not None:
             await out.write(json.dumps(done.json, ensure_ascii=False) + "\n")
         else:
@@ -587,6 +592,8 @@ async def cmd_chat(args: argparse.Namespace, stdio: ClaimedStdio) -> int:
             try:
                 done = await session.turn(_respond_params(args, args.npc_id, line), label=f"{session.label}: ")
             except BridgeError as e:
+                if e.code == "cancelled" and out.at_line_start:
+                    _say("")  # the terminal echoed ^C where the words would have begun
                 await out.end_line()
                 await out.flush()
                 _say(_error_line(e.code, e.message))
