@@ -1,9 +1,10 @@
-// UNVERIFIED: FoundationModels is not available on Linux, so this file has never been
-// compiled. It is written against the FoundationModels 26.x SDK signatures (the 26.2/26.5
-// .swiftinterface files of the SDK). Spots marked `UNVERIFIED(n)` are
-// listed in native/README.md ("Apple backend"). macOS-27-only API sits behind
-// `#if OAM_MACOS27_SDK` (pass `-Xswiftc -DOAM_MACOS27_SDK` when building with the 27 SDK)
-// plus `#available(macOS 27.0, *)`.
+// UNVERIFIED at run time: FoundationModels does not run on Linux. The file compiles with 0
+// errors and 0 warnings against the FoundationModels modules built from the macOS 26.5 and
+// 27.0 SDK interfaces (native/scripts/check_sdk_interfaces.py). Spots marked `UNVERIFIED(n)`
+// are listed in native/README.md ("Apple backend"). macOS-27-only API sits behind
+// `#if canImport(FoundationModels, _version: 2.0)` (the 26.5 module is version 1.5.2, the
+// 27.0 module 2.0.62.1.402: building with Xcode 27 selects it by itself) plus
+// `#available(macOS 27.0, *)`.
 //
 // Everything that does not need FoundationModels lives in platform-independent files and is
 // unit-tested on Linux: PlanTranscript (request -> entries / prompt / options), PlanSchema
@@ -24,7 +25,8 @@ final class AppleBackend: Backend, @unchecked Sendable {
     private var openStep: Int?                   // serial of the step that has not ended yet (→ busy)
     private var serial = 0
     private var lastTask: Task<Void, Never>?     // the previous step's model task (may be draining)
-    private var warmed: [(npc: String, session: LanguageModelSession)] = []   // prewarm(_:step:), oldest first
+    private var warmed: [AppleWarmSession] = []  // prewarm(_:step:), oldest first
+    private var carried: [String: [String]] = [:]  // npc -> warnings for its next step (late tool calls)
     private static let warmLimit = 16            // NPCs whose prewarmed session is kept
 
     init(config: JSON) throws {
@@ -45,7 +47,10 @@ final class AppleBackend: Backend, @unchecked Sendable {
         // token drops from ~1-3 s cold to ~0.6 s (research.md §4). `"prewarm": false` opts out.
         if config["prewarm"]?.bool ?? true, m.isAvailable {
             let s = LanguageModelSession(model: m)
-            s.prewarm()          // UNVERIFIED(9): prewarm(promptPrefix: nil) on a session never used again
+            // UNVERIFIED(9): an Apple engineer (forums thread 844222) says a prewarm applies to
+            // its session instance; this one is never used, so at best it loads the model's
+            // assets. Per-NPC warm sessions come from npc/prewarm (prewarm(_:step:)).
+            s.prewarm()
             warmSession = s
         } else {
             warmSession = nil
@@ -60,7 +65,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     }
 
     private static var supportsToolCallingMode: Bool {
-        #if OAM_MACOS27_SDK
+        #if canImport(FoundationModels, _version: 2.0)
         if #available(macOS 27.0, iOS 27.0, *) { return true }
         #endif
         return false
@@ -120,18 +125,36 @@ final class AppleBackend: Backend, @unchecked Sendable {
             warnings.append("toolCallingMode required unsupported before macOS 27")
         }
 
+        let npc = request["npcId"]?.string ?? ""
         let taskBox = AppleTaskBox()
         let inputEstimate = estimateRequestTokens(request)
+        // Ends a step whose tool calls were delivered, once: when the model task has ended
+        // (the tools throw once the calls are collected), or after `toolDrainMs` if
+        // FoundationModels takes longer; calls that arrived late are named in a warning.
+        let collectorRef = AppleCollectorRef()
+        let finishToolCalls: @Sendable () -> Void = {
+            guard taskBox.claimFinish(), let collector = collectorRef.collector else { return }
+            let late = collector.takeLateCalls()
+            let w = taskBox.warnings + (late.isEmpty ? [] : [PlanToolCollector.lateWarning(late)])
+            step.finish(AppleBackend.doneEvent(reason: "tool_calls", input: inputEstimate,
+                                              output: taskBox.toolCallTokens, cached: 0, warnings: w))
+            taskBox.end()      // the step is over for the host: the next step may start
+        }
         let collector = PlanToolCollector(quietMs: 25) { calls in
             step.push(.object(["type": .string("toolCalls"), "calls": .array(calls.map(\.json))]))
-            step.finish(AppleBackend.doneEvent(reason: "tool_calls", input: inputEstimate,
-                                              output: estimateTokens(JSON.array(calls.map(\.json)).serialized()),
-                                              cached: 0, warnings: taskBox.warnings))
-            taskBox.end()      // the step is over for the host: the next step may start
-            taskBox.cancel()   // stops the model; the suspended Tool.call()s resume with CancellationError
+            taskBox.toolCallTokens = estimateTokens(JSON.array(calls.map(\.json)).serialized())
+            // The collector closes itself after this returns: the suspended Tool.call()s throw
+            // and the respond ends. Cancelling as well costs nothing if it is not passed on.
+            taskBox.cancel()
+            Task.detached {
+                try? await Task.sleep(nanoseconds: AppleBackend.toolDrainMs * 1_000_000)
+                finishToolCalls()
+            }
         }
+        collectorRef.collector = collector
         let built = try AppleMapping.session(plan, collector: collector)   // invalid_schema (tool parameters)
         warnings += built.warnings
+        warnings += takeCarried(npc: npc)
         let options = AppleMapping.options(plan.options, toolMode: plan.toolMode)
         let stepWarnings = warnings
         taskBox.warnings = stepWarnings   // set before the task exists: no tool call can fire earlier
@@ -148,16 +171,29 @@ final class AppleBackend: Backend, @unchecked Sendable {
         openStep = mine
         let previous = lastTask
         lock.unlock()
+        let warm = takeWarmSession(npc: npc, key: PlanSessionKey(plan))
         taskBox.onEnd = { [weak self] in self?.endStep(mine) }
 
         let model = self.model
         let task = Task.detached { [weak self] in
             await previous?.value
-            defer { collector.close() }
+            defer {
+                collector.close()
+                // Calls later still (after the done event) go to the NPC's next step.
+                let late = collector.takeLateCalls()
+                if !late.isEmpty { self?.carry(npc: npc, PlanToolCollector.lateWarning(late)) }
+            }
             if Task.isCancelled || step.isCancelled { self?.endStep(mine); return }
             do {
-                let session = LanguageModelSession(model: model, tools: built.tools,
+                let session: LanguageModelSession
+                if let warm {
+                    // UNVERIFIED(10): the prewarmed session, its tools rebound to this step.
+                    warm.slot.collector = collector
+                    session = warm.session
+                } else {
+                    session = LanguageModelSession(model: model, tools: built.tools,
                                                    transcript: Transcript(entries: built.entries))
+                }
                 let text: String
                 var usage: (input: Int, output: Int, cached: Int)? = nil
                 if let schema {
@@ -171,7 +207,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
                     usage = AppleBackend.usage(of: r)
                 }
                 collector.close()
-                if collector.hasDelivered { self?.endStep(mine); return }   // tool calls ended the step
+                if collector.hasDelivered { finishToolCalls(); self?.endStep(mine); return }   // tool calls ended the step
                 if !text.isEmpty { step.push(.object(["type": .string("text"), "delta": .string(text)])) }
                 let output = usage?.output ?? estimateTokens(text)
                 var reason = "stop"
@@ -180,7 +216,9 @@ final class AppleBackend: Backend, @unchecked Sendable {
                                                   output: output, cached: usage?.cached ?? 0, warnings: stepWarnings))
             } catch {
                 collector.close()
-                if !collector.hasDelivered {         // else: the cancellation we caused after tool calls
+                if collector.hasDelivered {          // the tools threw Collected: the calls end the step
+                    finishToolCalls()
+                } else {
                     step.fail(AppleBackend.map(error))
                 }
             }
@@ -207,18 +245,41 @@ final class AppleBackend: Backend, @unchecked Sendable {
     func prewarm(_ request: JSON, step: StepState) throws {
         if let r = unavailableReason { throw OamError("model_unavailable", r) }
         let plan = try PlanTranscript.build(request, forCounting: true)   // invalid_request
-        let built = try AppleMapping.session(plan, collector: nil)         // invalid_schema (tool parameters)
+        let slot = AppleToolSlot()
+        let built = try AppleMapping.session(plan, slot: slot)             // invalid_schema (tool parameters)
         let session = LanguageModelSession(model: model, tools: built.tools,
                                            transcript: Transcript(entries: built.entries))
-        session.prewarm(promptPrefix: nil)   // UNVERIFIED(10): the next step builds its own session
+        session.prewarm(promptPrefix: nil)   // UNVERIFIED(10): the NPC's next step takes this session over
         let npc = request["npcId"]?.string ?? ""
         lock.lock()
         warmed.removeAll { $0.npc == npc }
-        warmed.append((npc: npc, session: session))
+        warmed.append(AppleWarmSession(npc: npc, key: PlanSessionKey(plan), session: session, slot: slot))
         if warmed.count > AppleBackend.warmLimit { warmed.removeFirst() }
         lock.unlock()
         step.finish(prewarmedEvent(warnings: plan.warnings + built.warnings))
     }
+
+    /// The session `npc/prewarm` prewarmed for `npc`, when it was built from `key` (the step
+    /// only adds its prompt); it is taken, once: a respond grows its transcript.
+    private func takeWarmSession(npc: String, key: PlanSessionKey) -> AppleWarmSession? {
+        lock.lock(); defer { lock.unlock() }
+        guard let i = warmed.firstIndex(where: { $0.npc == npc }) else { return nil }
+        let w = warmed.remove(at: i)
+        return w.key == key ? w : nil
+    }
+
+    private func carry(npc: String, _ warning: String) {
+        lock.lock(); carried[npc, default: []].append(warning); lock.unlock()
+    }
+
+    private func takeCarried(npc: String) -> [String] {
+        lock.lock(); defer { lock.unlock() }
+        return carried.removeValue(forKey: npc) ?? []
+    }
+
+    /// How long a step whose tool calls were delivered waits for the model task to end
+    /// before it ends anyway (the tools throw at delivery, so this is a backstop).
+    static let toolDrainMs: UInt64 = 250
 
     /// Ends step `mine` (idempotent; a later step's flag is left alone).
     private func endStep(_ mine: Int) {
@@ -237,7 +298,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     /// Response.usage exists only in the macOS 27 SDK. UNVERIFIED(7): shape and whether it is
     /// filled for SystemLanguageModel.
     static func usage(of r: LanguageModelSession.Response<String>) -> (input: Int, output: Int, cached: Int)? {
-        #if OAM_MACOS27_SDK
+        #if canImport(FoundationModels, _version: 2.0)
         if #available(macOS 27.0, iOS 27.0, *) {
             let u = r.usage
             return (u.input.totalTokenCount, u.output.totalTokenCount, u.input.cachedTokenCount)
@@ -247,7 +308,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     }
 
     static func usage(of r: LanguageModelSession.Response<GeneratedContent>) -> (input: Int, output: Int, cached: Int)? {
-        #if OAM_MACOS27_SDK
+        #if canImport(FoundationModels, _version: 2.0)
         if #available(macOS 27.0, iOS 27.0, *) {
             let u = r.usage
             return (u.input.totalTokenCount, u.output.totalTokenCount, u.input.cachedTokenCount)
@@ -261,7 +322,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     static func map(_ error: Error) -> OamError {
         if error is CancellationError { return OamError("cancelled", "cancelled") }
         if let e = error as? OamError { return e }
-        #if OAM_MACOS27_SDK
+        #if canImport(FoundationModels, _version: 2.0)
         if #available(macOS 27.0, iOS 27.0, *) {
             // UNVERIFIED(8): the Xcode-27 error family; case names from Apple's docs.
             if let e = error as? LanguageModelError {
@@ -297,14 +358,16 @@ final class AppleBackend: Backend, @unchecked Sendable {
             }
         }
         if let e = error as? LanguageModelSession.ToolCallError {
-            if e.underlyingError is CancellationError { return OamError("cancelled", "cancelled") }
+            if e.underlyingError is CancellationError || e.underlyingError is PlanToolCollector.Collected {
+                return OamError("cancelled", "cancelled")
+            }
             return OamError("tool_failed", "\(e)")
         }
         if error is GenerationSchema.SchemaError { return OamError("invalid_schema", "\(error)") }
-        // The typed matches can miss when SDK and OS differ (forums 831404): match by name.
-        let text = String(reflecting: error)
-        if let code = PlanErrorNames.code(forDescription: text) { return OamError(code, text) }
-        return OamError("generation_failed", text)
+        // The typed matches miss when SDK and OS differ (forums 831404) and for error types
+        // this build cannot name: the ModelManagerError chain, the case label, the type name.
+        let (code, message) = PlanErrorNames.map(error)
+        return OamError(code, message)
     }
 }
 
@@ -319,10 +382,10 @@ struct AppleHostTool: Tool {
     let name: String
     let description: String
     let parameters: GenerationSchema
-    let collector: PlanToolCollector?
+    let slot: AppleToolSlot
 
     func call(arguments: GeneratedContent) async throws -> String {
-        guard let collector else { throw CancellationError() }
+        guard let collector = slot.collector else { throw CancellationError() }
         let json = (try? JSON.parse(arguments.jsonString)) ?? .object([:])
         try await collector.record(name: name, arguments: json)
     }
@@ -338,6 +401,14 @@ enum AppleMapping {
 
     /// The session's tools and transcript entries for a plan.
     static func session(_ plan: PlanTranscript, collector: PlanToolCollector?) throws -> Built {
+        let slot = AppleToolSlot()
+        slot.collector = collector
+        return try session(plan, slot: slot)
+    }
+
+    /// The same, the tools reading their collector from `slot` (a prewarmed session's tools
+    /// are rebound to the step that takes it over).
+    static func session(_ plan: PlanTranscript, slot: AppleToolSlot) throws -> Built {
         var warnings: [String] = []
         var tools: [any Tool] = []
         var definitions: [Transcript.ToolDefinition] = []
@@ -348,7 +419,7 @@ enum AppleMapping {
             }
             warnings += converted.warnings.map { "tool \(t.name) \($0)" }
             let params = try generationSchema(converted)
-            tools.append(AppleHostTool(name: t.name, description: t.description, parameters: params, collector: collector))
+            tools.append(AppleHostTool(name: t.name, description: t.description, parameters: params, slot: slot))
             // UNVERIFIED(2): whether a session created from a transcript also injects its tools'
             // definitions itself (then these would be duplicates).
             definitions.append(Transcript.ToolDefinition(name: t.name, description: t.description, parameters: params))
@@ -398,13 +469,13 @@ enum AppleMapping {
         case nil: sampling = nil
         }
         if let sampling {
-            #if OAM_MACOS27_SDK
+            #if canImport(FoundationModels, _version: 2.0)
             opts.samplingMode = sampling     // UNVERIFIED(6): the 27 SDK renames `sampling` (back-deployed)
             #else
             opts.sampling = sampling
             #endif
         }
-        #if OAM_MACOS27_SDK
+        #if canImport(FoundationModels, _version: 2.0)
         if #available(macOS 27.0, iOS 27.0, *) {
             // UNVERIFIED(6): GenerationOptions.toolCallingMode (27 only). `.required` applies to
             // every step of Apple's internal loop, but our tools never return, so the step ends
@@ -468,6 +539,8 @@ final class AppleTaskBox: @unchecked Sendable {
     private let lock = NSLock()
     private var task: Task<Void, Never>?
     private var cancelled = false
+    private var finishClaimed = false
+    private var _toolCallTokens = 0
     private var _warnings: [String] = []
     private var _onEnd: (@Sendable () -> Void)?
     var onEnd: (@Sendable () -> Void)? {
@@ -475,6 +548,17 @@ final class AppleTaskBox: @unchecked Sendable {
         set { lock.lock(); _onEnd = newValue; lock.unlock() }
     }
     func end() { onEnd?() }
+    /// True for the first caller only: who ends a step whose tool calls were delivered.
+    func claimFinish() -> Bool {
+        lock.lock(); defer { lock.unlock() }
+        if finishClaimed { return false }
+        finishClaimed = true
+        return true
+    }
+    var toolCallTokens: Int {
+        get { lock.lock(); defer { lock.unlock() }; return _toolCallTokens }
+        set { lock.lock(); _toolCallTokens = newValue; lock.unlock() }
+    }
     var warnings: [String] {
         get { lock.lock(); defer { lock.unlock() }; return _warnings }
         set { lock.lock(); _warnings = newValue; lock.unlock() }
@@ -495,6 +579,34 @@ final class AppleTaskBox: @unchecked Sendable {
         lock.unlock()
         t?.cancel()
     }
+}
+
+/// The collector a session's tools hand their calls to; set by the step that uses the session.
+final class AppleToolSlot: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _collector: PlanToolCollector?
+    var collector: PlanToolCollector? {
+        get { lock.lock(); defer { lock.unlock() }; return _collector }
+        set { lock.lock(); _collector = newValue; lock.unlock() }
+    }
+}
+
+/// Lets the step's finish closure, made before the collector, reach it.
+final class AppleCollectorRef: @unchecked Sendable {
+    private let lock = NSLock()
+    private var _collector: PlanToolCollector?
+    var collector: PlanToolCollector? {
+        get { lock.lock(); defer { lock.unlock() }; return _collector }
+        set { lock.lock(); _collector = newValue; lock.unlock() }
+    }
+}
+
+@available(macOS 26.0, iOS 26.0, *)
+struct AppleWarmSession: @unchecked Sendable {   // LanguageModelSession is a non-Sendable class
+    let npc: String
+    let key: PlanSessionKey
+    let session: LanguageModelSession
+    let slot: AppleToolSlot
 }
 
 final class AppleResultBox: @unchecked Sendable {

@@ -265,3 +265,19 @@ struct PlanTranscript: Sendable {
         return out
     }
 }
+
+/// What a session is built from: the instructions, the tools and the history before the
+/// respond prompt. The Apple backend keeps the session an `npc/prewarm` prewarmed (Apple: a
+/// prewarm applies to that session instance) and lets the NPC's next step take it over when
+/// the step's key equals the prewarm's, i.e. the step only adds its prompt.
+struct PlanSessionKey: Sendable, Equatable {
+    let instructions: String
+    let tools: [PlanTool]
+    let history: [PlanEntry]
+
+    init(_ plan: PlanTranscript) {
+        instructions = plan.instructions
+        tools = plan.tools
+        history = plan.history
+    }
+}

@@ -127,6 +127,20 @@ final class PlanTranscriptTests: XCTestCase {
         XCTAssertEqual(try PlanTranscript.parseOptions(req(#"{"temperature":1,"maxTokens":2147483647}"#)).maximumResponseTokens, 2147483647)
     }
 
+    /// A prewarm of the NPC's history and its next step (the same history plus the new user
+    /// line) are built from the same session key, so the step can take the warm session over;
+    /// any difference in instructions, tools or history gives another key.
+    func testAPrewarmAndTheNextStepShareTheirSessionKey() throws {
+        let history = #"{"role":"user","content":"hi"},{"role":"assistant","content":"Welcome."}"#
+        let warm = try PlanTranscript.build(req(#"{"instructions":"You are Greta.","tools":[{"name":"look"}],"messages":[\#(history)]}"#), forCounting: true)
+        let step = try PlanTranscript.build(req(#"{"instructions":"You are Greta.","tools":[{"name":"look"}],"messages":[\#(history),{"role":"user","content":"Any ale?"}]}"#))
+        XCTAssertEqual(PlanSessionKey(warm), PlanSessionKey(step))
+        let other = try PlanTranscript.build(req(#"{"instructions":"You are Brom.","tools":[{"name":"look"}],"messages":[\#(history),{"role":"user","content":"Any ale?"}]}"#))
+        XCTAssertNotEqual(PlanSessionKey(warm), PlanSessionKey(other))
+        let moreHistory = try PlanTranscript.build(req(#"{"instructions":"You are Greta.","tools":[{"name":"look"}],"messages":[\#(history),{"role":"user","content":"x"},{"role":"assistant","content":"y"},{"role":"user","content":"Any ale?"}]}"#))
+        XCTAssertNotEqual(PlanSessionKey(warm), PlanSessionKey(moreHistory))
+    }
+
     func testForCountingKeepsEverything() throws {
         let p = try PlanTranscript.build(req(#"{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}"#), forCounting: true)
         XCTAssertEqual(p.history.count, 2)
