@@ -535,7 +535,7 @@ async def cmd_respond(args: argparse.Namespace, stdio: ClaimedStdio) -> int:
     schema = _read_json_file(args.schema, "--schema") if args.schema else None
     if schema is not None and not isinstance(schema, dict):
         raise BridgeError("invalid_schema", f"--schema {args.schema}: a JSON Schema object is expected")
-    prompter = Prompter() if args.tool_command is None and sys.stdin.isatty() and not args.no_prompt else None
+    prompter = Prompter() if args.tools and args.tool_command is None and sys.stdin.isatty() and not args.no_prompt else None
     out = TextOut(stdio.out_fd)
     async with _open_npc(args, out, prompter) as session:
         session.tools.quiet = not args.verbose
