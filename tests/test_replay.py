@@ -212,6 +212,28 @@ async def test_bridge_options_after_the_double_dash_override_the_recorded_ones(t
     assert "result.limits.maxNpcs: 10000 -> 5" in out
 
 
+async def test_two_npcs_streaming_at_once_replay_though_their_lines_interleave_otherwise(tmp_path: Path) -> None:
+    rec = tmp_path / "two.jsonl"
+    async with trio.open_nursery() as nursery:
+        # the environment variable records as --record does
+        p = await open_bridge(nursery, env={"OAM_RECORD": str(rec)})
+        c = p.client
+        with trio.fail_after(DEADLINE):
+            await c.initialize()
+            for npc in ("a", "b"):
+                await c.call("npc/create", {"npcId": npc, "script": [{"text": f"{npc} " * 40, "chunkMs": 1}]})
+            ta = (await c.call("npc/respond", {"npcId": "a", "prompt": "Go"}))["turnId"]
+            tb = (await c.call("npc/respond", {"npcId": "b", "prompt": "Go"}))["turnId"]
+            await c.wait_terminal(ta)
+            await c.wait_terminal(tb)
+            await end_with_eof(p)
+        nursery.cancel_scope.cancel()
+    turns = [x["msg"]["params"]["turnId"] for x in records(rec) if x.get("dir") == "out" and x["msg"].get("method") == "turn/textDelta"]
+    assert len(set(turns)) == 2 and turns != sorted(turns, key=turns.index), "the two turns' deltas interleave in the recording"
+    r = await replay(rec)
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+
+
 def test_an_unreadable_recording_is_no_replay(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"jsonrpc":"2.0"}\n')
