@@ -57,6 +57,12 @@ POLL_MS = 50
 ABI_VERSION = 2
 EV_TEXT, EV_TOOL_CALLS, EV_DONE, EV_ERROR = 1, 2, 3, 4  # oam_event_kind
 COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
+# What the library takes (native/Sources/OamNative/PlanSchema.swift, PlanTranscript.swift):
+# beyond these a Double -> Int conversion in Swift would trap and take the process down, so
+# they are refused here before the call as well.
+MAX_INTEGER_BOUND = 9.0e15  # |minimum|, |maximum|, exclusive* of an integer schema
+MAX_ELEMENT_COUNT = 2**31 - 1  # minItems, maxItems
+MAX_TEMPERATURE = 1.0  # Apple documents GenerationOptions.temperature as 0...1
 
 _lock = threading.Lock()
 _loaded: tuple[Any, Any] | None = None
@@ -196,6 +202,45 @@ def _with_property_order(schema: Any) -> Any:
     return out
 
 
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def check_schema_numbers(schema: Any, path: str = "#") -> None:
+    """Raise ``invalid_schema`` for a count or integer bound the library cannot hold
+    (``MAX_ELEMENT_COUNT``, ``MAX_INTEGER_BOUND``), anywhere in ``schema``."""
+    if isinstance(schema, list):
+        for i, x in enumerate(schema):
+            check_schema_numbers(x, f"{path}/{i}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key in ("minItems", "maxItems"):
+        n = _number(schema.get(key))
+        if n is not None and not n <= MAX_ELEMENT_COUNT:
+            raise BridgeError("invalid_schema", f"{path}: {key} {schema[key]} is out of range (0 to {MAX_ELEMENT_COUNT})")
+    if schema.get("type") == "integer":
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            n = _number(schema.get(key))
+            if n is not None and not abs(n) <= MAX_INTEGER_BOUND:
+                raise BridgeError("invalid_schema", f"{path}: {key} {schema[key]} is out of range (integers are bounded by ±{MAX_INTEGER_BOUND:.0e})")
+    for key, value in schema.items():
+        if isinstance(value, (dict, list)):
+            check_schema_numbers(value, f"{path}/{key}")
+
+
+def check_request(request: StepRequest) -> None:
+    """What the library would refuse, refused before the call with the same codes:
+    ``invalid_params`` for a temperature above Apple's range, ``invalid_schema`` for schema
+    numbers out of range (``check_schema_numbers``)."""
+    t = request.options.temperature
+    if t is not None and t > MAX_TEMPERATURE:
+        raise BridgeError("invalid_params", f"options.temperature must be in [0, {MAX_TEMPERATURE:g}] on the native engine, got {t}")
+    check_schema_numbers(request.schema)
+    for tool in request.tools:
+        check_schema_numbers(tool.parameters, f"tool {tool.name}")
+
+
 def _spoken(messages: list[Message]) -> list[Message]:
     """The messages as the library takes them: a user line someone other than the player
     said carries its speaker in its text, ``Name: line`` (``base.user_text``), as on every
@@ -327,6 +372,7 @@ class NativeEngine:
         self._npc_handles[npc_id] = self._ffi.gc(h, self._lib.oam_engine_destroy)
 
     def _start(self, request: StepRequest, prewarm: bool = False) -> Any:
+        check_request(request)
         err = self._ffi.new("char **")
         handle = self._npc_handles.get(request.npc_id, self._h)
         step = self._lib.oam_step_start(handle, _request_json(request, prewarm), err)
