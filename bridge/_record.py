@@ -158,7 +158,7 @@ class Recorder:
                 out.append(prefix + what[:-1].replace(b"\n", b"}\n" + prefix) + b"}\n")
                 if self._creating:
                     for line in what.split(b"\n"):
-                        if line.startswith(b'{"jsonrpc":"2.0","id":'):
+                        if line.startswith((b'{"jsonrpc":"2.0","id":', b"[")):  # a response, or a batch's
                             self._created(line)
             elif kind == _IN:
                 read, item = what
@@ -204,12 +204,14 @@ class Recorder:
             pass  # not a valid request: the bridge answered it with an error
 
     def _created(self, line: bytes) -> None:
-        """A response: the engine the bridge chose for an NPC created by that request."""
+        """A response (or a batch of them): the engine the bridge chose for an NPC created by
+        that request."""
         try:
             msg = json.loads(line)
-            npc_id = self._creating.pop(json.dumps(msg.get("id")), None)
-            if npc_id is not None and isinstance(msg.get("result"), dict) and "engine" in msg["result"]:
-                self._npcs[npc_id]["engine"] = msg["result"]["engine"]
+            for reply in msg if isinstance(msg, list) else [msg]:
+                npc_id = self._creating.pop(json.dumps(reply.get("id")), None)
+                if npc_id is not None and isinstance(reply.get("result"), dict) and "engine" in reply["result"]:
+                    self._npcs[npc_id]["engine"] = reply["result"]["engine"]
         except (ValueError, AttributeError, TypeError):
             pass
 
