@@ -1,0 +1,487 @@
+"""Many NPCs at once (issue 12): N NPCs ask at the same moment, beside llama-server.
+
+For each N (``--n``, default 1, 4 and 8), N NPCs with distinct personas (prompts of about
+100 tokens) each ask one question at the same moment, greedy; three sides, interleaved per
+repeat, each round with fresh NPCs whose prompts start with the round's number (no side
+finds them cached):
+
+- **bridge**: the real ``oam-bridge --engine llama`` subprocess: the N ``npc/respond`` go out
+  in one write; time to first token is the first ``turn/textDelta`` of each turn,
+  completion its ``turn/completed``; output tokens are ``usage.outputTokens``.
+- **llama-server**: llama.cpp's own server, built from the llama.cpp vendored in the installed
+  llama-cpp-python's sdist, started with ``-np N -cb``, called directly: N streamed
+  ``POST /v1/chat/completions`` (system: the NPC's instructions, user: the question), sent
+  together; time to first token is the first non-empty ``content`` delta.
+- **remote**: ``oam-bridge --engine openai --openai-url`` pointed at that llama-server.
+
+With ``--baseline REV`` the bridge side also runs from another git revision (a ``git
+worktree`` in a temporary folder, its ``bridge`` package on this venv), so "as fast as
+before" is measured in the same run.
+
+Like for like: the llama engine shapes spoken lines (``SpokenLine``: past half of
+``maxTokens`` a line ends at the next sentence end, and the model may end it sooner), so
+the bridge rarely generates all ``--tokens``. By default (``--server-tokens bridge``) each
+NPC on the llama-server and remote sides is asked for exactly as many tokens as the same
+NPC generated through the bridge in that repeat (llama-server runs ``--ignore-eos``), so
+every side does the same work; ``--server-tokens full`` asks them for ``--tokens`` each.
+Actual output tokens are printed per side. Aggregate tokens/s = all NPCs' output tokens /
+wall time from sending the first request to the last completion.
+
+Threads, the same on both sides: the bridge's ``--llama-threads T`` decodes with T threads and
+reads prompts with every core; llama-server gets ``-t T -tb <cores>``. T defaults to
+cores - 1 (the bridge's default). "cores used" is the side's processes' CPU time over the
+round's wall time (the remote side: bridge plus server).
+
+llama-server is a measuring stick, not a dependency: built once (a few minutes on 2 cores)
+into ``$XDG_CACHE_HOME/oam-bridge/llama-server-<version>/`` (default ``~/.cache``) and
+reused. Building needs cmake and a C++ compiler (``apt-get install -y cmake g++``) and pip's
+access to PyPI for the sdist. This bench is not part of ``make test``.
+
+Usage: python bench/bench_batch.py [--n 1,4,8] [--tokens 64] [--repeat 3] [--threads T]
+       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import socket
+import statistics as st
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PY = sys.executable
+
+import httpx  # noqa: E402
+import trio  # noqa: E402
+
+# (name, who, what they know, question): with the instructions around them, about 100 prompt tokens
+PERSONAS = [
+    ("Greta", "the tavern keeper of the Gilded Flagon in Eldmoor",
+     "She knows every ale, stew and rumour in town and loves to tell travellers about them at length",
+     "What is on the menu tonight, and what would you recommend?"),
+    ("Brann", "the gate guard of Eldmoor",
+     "He has watched the north road for twenty years and remembers every caravan, bandit and storm",
+     "What has happened on the road this week?"),
+    ("Mira", "a travelling merchant with a cart full of goods",
+     "She sells silk, spices, lamps, rope, knives and maps, and she describes every item in detail",
+     "What do you have for sale today?"),
+    ("Old Tom", "a fisherman on the grey lake",
+     "He talks about the weather, the fish, the boats and the old days on the water",
+     "How was the fishing this morning?"),
+    ("Sister Ilse", "the healer at the temple of the dawn",
+     "She treats fevers, wounds and curses with herbs and prayers and explains her remedies carefully",
+     "I have a bad cough. What should I do?"),
+    ("Dorn", "the blacksmith by the river",
+     "He forges swords, horseshoes, nails and plough blades and is proud of his craft",
+     "Can you tell me how you make a good sword?"),
+    ("Lysa", "the court bard of the castle",
+     "She knows songs about every king, battle and lost love of the last hundred years",
+     "Tell me the story of the old king and the dragon."),
+    ("Harrow", "the old archivist of the castle library",
+     "He keeps maps, ledgers and chronicles and loves explaining the history of the realm",
+     "What is the history of this castle?"),
+]
+
+
+def npc_prompt(i: int, rnd: int) -> tuple[str, str]:
+    """NPC ``i``'s instructions and question in round ``rnd`` (the round first: no side has
+    the prompt cached from an earlier round)."""
+    name, who, knows, question = PERSONAS[i % len(PERSONAS)]
+    if i >= len(PERSONAS):
+        name = f"{name} the {i // len(PERSONAS) + 1}th"
+    return (f"Day {rnd}. You are {name}, {who}. {knows}. Stay in character and speak as {name} would, in plain "
+            f"spoken words. Give long, detailed answers that name many things, and never break character or "
+            f"mention being an AI."), question
+
+
+# -- llama-server: built once from the installed llama-cpp-python's sdist -----------------------
+
+def cache_root() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "oam-bridge")
+
+
+def llama_server_binary() -> tuple[str, str]:
+    """(path, llama-cpp-python version) of llama-server built from the llama.cpp vendored in
+    the installed llama-cpp-python's sdist, into ``<cache>/llama-server-<version>/`` once."""
+    version = importlib.metadata.version("llama-cpp-python")
+    home = os.path.join(cache_root(), f"llama-server-{version}")
+    build = os.path.join(home, "build")
+    binary = os.path.join(build, "bin", "llama-server")
+    if os.path.exists(binary):
+        return binary, version
+    if shutil.which("cmake") is None:
+        raise SystemExit("bench_batch: cmake is needed to build llama-server once (apt-get install -y cmake)")
+    os.makedirs(home, exist_ok=True)
+    src = os.path.join(home, "src")
+    if not os.path.isdir(os.path.join(src, "vendor", "llama.cpp")):
+        with tempfile.TemporaryDirectory(dir=home) as dl:
+            print(f"downloading the llama-cpp-python {version} sdist", flush=True)
+            subprocess.run([PY, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-binary", ":all:",
+                            "--no-deps", "-q", "-d", dl], check=True)
+            (sdist,) = [f for f in os.listdir(dl) if f.endswith(".tar.gz")]
+            with tarfile.open(os.path.join(dl, sdist)) as tar:
+                tar.extractall(dl, filter="data")
+            (top,) = [d for d in os.listdir(dl) if os.path.isdir(os.path.join(dl, d))]
+            shutil.rmtree(src, ignore_errors=True)
+            os.rename(os.path.join(dl, top), src)
+    t0 = time.monotonic()
+    print("building llama-server (a few minutes on 2 cores)", flush=True)
+    subprocess.run(["cmake", "-S", os.path.join(src, "vendor", "llama.cpp"), "-B", build, "-DLLAMA_BUILD_SERVER=ON",
+                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", build, "--target", "llama-server", f"-j{os.cpu_count() or 2}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    print(f"built llama-server in {time.monotonic() - t0:.0f} s", flush=True)
+    return binary, version
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU time of these processes (all their threads), from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class LlamaServer:
+    def __init__(self, binary: str, model: str, n: int, ctx: int, threads: int, cores: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(n), "-cb",
+                     "-c", str(ctx * n), "-t", str(threads), "-tb", str(cores), "--ignore-eos", "--jinja", "--no-webui"]
+        self.log = tempfile.TemporaryFile()
+        self.p = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                tail = self.log.read()[-2000:].decode("utf-8", "replace")
+                self.close()
+                raise SystemExit(f"llama-server did not start:\n{tail}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+# -- one round: N NPCs asking at once ----------------------------------------------------------
+
+@dataclass
+class Round:
+    ttft: list[float]  # per NPC, seconds from the send of the first request
+    done: list[float]
+    tokens: list[int]  # output tokens per NPC
+    prompt_tokens: list[int]
+    wall: float
+    cores: float  # CPU seconds / wall seconds
+
+    @property
+    def tok_s(self) -> float:
+        return sum(self.tokens) / self.wall
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    k = q * (len(s) - 1)
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Bridge:
+    """An ``oam-bridge`` subprocess; ``root`` is the tree whose ``bridge`` package runs."""
+
+    def __init__(self, args: list[str], root: str = ROOT) -> None:
+        env = dict(os.environ, PYTHONPATH=root)
+        self.p = subprocess.Popen([PY, "-m", "bridge", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, cwd=root, env=env, bufsize=0)
+        self.ids = 0
+        self.call("initialize", {"protocolVersion": 1})
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
+        self.ids += 1
+        return self.ids, json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n"
+
+    def line(self) -> dict[str, Any]:
+        assert self.p.stdout is not None
+        raw = self.p.stdout.readline()
+        if not raw:
+            raise RuntimeError("the bridge exited")
+        return json.loads(raw)  # type: ignore[no-any-return]
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        i, data = self.request(method, params)
+        assert self.p.stdin is not None
+        self.p.stdin.write(data)
+        while True:
+            msg = self.line()
+            if msg.get("id") == i:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    def round(self, engine: str, rnd: int, budgets: list[int], extra_pids: list[int] = ()) -> Round:  # type: ignore[assignment]
+        n = len(budgets)
+        ids = [f"r{rnd}n{i}" for i in range(n)]
+        for i, npc in enumerate(ids):
+            instructions, _ = npc_prompt(i, rnd)
+            self.call("npc/create", {"npcId": npc, "engine": engine, "instructions": instructions,
+                                     "options": {"temperature": 0, "maxTokens": budgets[i], "seed": 1}})
+        batch = b"".join(self.request("npc/respond", {"npcId": npc, "prompt": npc_prompt(i, rnd)[1], "fullText": False})[1]
+                         for i, npc in enumerate(ids))
+        pids = [self.p.pid, *extra_pids]
+        assert self.p.stdin is not None
+        cpu0 = cpu_seconds(pids)
+        t0 = time.perf_counter()
+        self.p.stdin.write(batch)  # every NPC asks at the same moment
+        first: dict[str, float] = {}
+        done: dict[str, float] = {}
+        usage: dict[str, dict[str, int]] = {}
+        while len(done) < n:
+            msg = self.line()
+            method = msg.get("method")
+            if "error" in msg:
+                raise RuntimeError(f"npc/respond: {msg['error']}")
+            if method == "turn/textDelta":
+                first.setdefault(msg["params"]["npcId"], time.perf_counter() - t0)
+            elif method == "turn/completed":
+                npc = msg["params"]["npcId"]
+                done[npc] = time.perf_counter() - t0
+                usage[npc] = msg["params"]["usage"]
+            elif method == "turn/failed":
+                raise RuntimeError(f"turn failed: {msg['params']}")
+        wall = max(done.values())
+        cores = (cpu_seconds(pids) - cpu0) / wall
+        for npc in ids:
+            self.call("npc/delete", {"npcId": npc})
+        return Round([first.get(x, done[x]) for x in ids], [done[x] for x in ids],
+                     [usage[x]["outputTokens"] for x in ids], [usage[x]["inputTokens"] for x in ids], wall, cores)
+
+    def warm(self, engine: str) -> None:
+        """Loads the engine (its model, its connection) before anything is timed."""
+        self.call("npc/create", {"npcId": "warm", "engine": engine, "instructions": "You are a guard.",
+                                 "options": {"temperature": 0, "maxTokens": 4}})
+        self.call("npc/respond", {"npcId": "warm", "prompt": "Hello!"})
+        while self.line().get("method") not in ("turn/completed", "turn/failed"):
+            pass
+        self.call("npc/delete", {"npcId": "warm"})
+
+    def close(self) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.close()
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+async def server_round(server: LlamaServer, rnd: int, budgets: list[int]) -> Round:
+    """N streamed chat completions sent together straight to llama-server."""
+    n = len(budgets)
+    first: list[float | None] = [None] * n
+    done = [0.0] * n
+    tokens = [0] * n
+    prompt = [0] * n
+    go = trio.Event()
+    t0 = 0.0
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        instructions, question = npc_prompt(i, rnd)
+        body = {"messages": [{"role": "system", "content": instructions}, {"role": "user", "content": question}],
+                "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "seed": 1,
+                "max_tokens": budgets[i], "ignore_eos": True}
+        await go.wait()
+        async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                obj = json.loads(line[5:])
+                for choice in obj.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content") and first[i] is None:
+                        first[i] = time.perf_counter() - t0
+                if obj.get("usage"):
+                    tokens[i] = obj["usage"]["completion_tokens"]
+                    prompt[i] = obj["usage"]["prompt_tokens"]
+        done[i] = time.perf_counter() - t0
+
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, client, i)
+            await trio.sleep(0.05)  # every task waits on go
+            cpu0 = cpu_seconds([server.p.pid])
+            t0 = time.perf_counter()
+            go.set()
+        wall = max(done)
+        cores = (cpu_seconds([server.p.pid]) - cpu0) / wall
+    return Round([f if f is not None else d for f, d in zip(first, done)], done, tokens, prompt, wall, cores)
+
+
+async def server_warm(server: LlamaServer) -> None:
+    async with httpx.AsyncClient(timeout=120) as client:
+        r = await client.post(f"{server.url}/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4, "temperature": 0})
+        r.raise_for_status()
+
+
+# -- the report --------------------------------------------------------------------------------
+
+@dataclass
+class Side:
+    label: str
+    rounds: list[Round] = field(default_factory=list)
+
+    def med(self, f: Any) -> float:
+        return st.median(f(r) for r in self.rounds)
+
+    def row(self) -> str:
+        m = self.med
+        return (f"{self.label:<30}{m(lambda r: r.tok_s):>7.1f}{m(lambda r: sum(r.tokens)):>7.0f}"
+                f"{m(lambda r: st.median(r.prompt_tokens)):>6.0f}"
+                f"{m(lambda r: st.median(r.ttft)):>8.2f}{m(lambda r: pct(r.ttft, 0.95)):>7.2f}{m(lambda r: max(r.ttft)):>7.2f}"
+                f"{m(lambda r: min(r.ttft)):>7.2f}{m(lambda r: st.median(r.done)):>8.2f}{m(lambda r: max(r.done)):>7.2f}"
+                f"{m(lambda r: r.cores):>7.2f}")
+
+
+HEADER = (f"{'side':<30}{'tok/s':>7}{'out':>7}{'in':>6}{'TTFT50':>8}{'p95':>7}{'max':>7}{'first':>7}"
+          f"{'done50':>8}{'max':>7}{'cores':>7}")
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "n/a"
+
+
+def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
+    b, s, r, old = sides["bridge"], sides["server"], sides["remote"], sides.get("baseline")
+    tok = lambda x: x.med(lambda q: q.tok_s)  # noqa: E731
+    worst = lambda x: x.med(lambda q: max(q.ttft))  # noqa: E731
+    first = lambda x: x.med(lambda q: min(q.ttft))  # noqa: E731
+    p50 = lambda x: x.med(lambda q: st.median(q.ttft))  # noqa: E731
+    print(f"  bridge / llama-server: tok/s {ratio(tok(b), tok(s))}{' (goal >= 1)' if goal_tok else ''}, "
+          f"worst TTFT {ratio(worst(b), worst(s))} (goal <= 1), first NPC's TTFT {ratio(first(b), first(s))}")
+    if old is not None:
+        print(f"  bridge / baseline: tok/s {ratio(tok(b), tok(old))}{' (goal >= 1)' if n == 1 else ''}, "
+              f"first NPC's TTFT {ratio(first(b), first(old))} (goal <= 1), worst TTFT {ratio(worst(b), worst(old))}")
+    print(f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
+          f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", default="1,4,8", help="NPC counts, comma-separated")
+    ap.add_argument("--tokens", type=int, default=64, help="maxTokens per NPC")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds per side and N; medians are printed")
+    ap.add_argument("--threads", type=int, default=0, help="decode threads, both sides (default cores - 1)")
+    ap.add_argument("--ctx", type=int, default=2048, help="context per NPC: the bridge's --llama-ctx, llama-server's -c / N")
+    ap.add_argument("--baseline", metavar="REV", help="also run the bridge side from this git revision")
+    ap.add_argument("--server-tokens", choices=["bridge", "full"], default="bridge",
+                    help="bridge: each NPC on llama-server asks for what it generated through the bridge; full: --tokens")
+    ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.repeat = "1,4", 1
+    ns = [int(x) for x in args.n.split(",")]
+    cores = os.cpu_count() or 1
+    threads = args.threads or max(1, cores - 1)
+
+    from bridge.engines.llama import default_model_path
+
+    model = default_model_path()
+    binary, version = llama_server_binary()
+    print(f"model {os.path.basename(model)}; llama-server from llama-cpp-python {version}'s llama.cpp; "
+          f"{cores} cores; decode threads {threads} (bridge --llama-threads {threads}, llama-server -t {threads}), "
+          f"prompt threads {cores} (bridge: all cores, llama-server -tb {cores}); context {args.ctx} per NPC; "
+          f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
+          f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
+          f"medians of {args.repeat}", flush=True)
+
+    worktree = None
+    bridges = {"bridge": Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)])}
+    try:
+        if args.baseline:
+            worktree = tempfile.mkdtemp(prefix="oam-bench-batch-")
+            subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", worktree, args.baseline], check=True)
+            bridges["baseline"] = Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
+                                         root=worktree)
+        for b in bridges.values():
+            b.warm("llama")
+        rnd = 0
+        for n in ns:
+            server = LlamaServer(binary, model, n, args.ctx, threads, cores)
+            remote = Bridge(["--engine", "openai", "--openai-url", f"{server.url}/v1"])
+            try:
+                trio.run(server_warm, server)
+                remote.warm("openai")
+                sides = {"bridge": Side("bridge (llama engine)")}
+                if "baseline" in bridges:
+                    sides["baseline"] = Side(f"bridge @{args.baseline[:12]} (llama)")
+                sides["server"] = Side("llama-server direct")
+                sides["remote"] = Side("bridge openai -> llama-server")
+                for _ in range(args.repeat):
+                    rnd += 1
+                    a = bridges["bridge"].round("llama", rnd, [args.tokens] * n)
+                    sides["bridge"].rounds.append(a)
+                    if "baseline" in bridges:
+                        sides["baseline"].rounds.append(bridges["baseline"].round("llama", rnd, [args.tokens] * n))
+                    budgets = [max(1, t) for t in a.tokens] if args.server_tokens == "bridge" else [args.tokens] * n
+                    # new round numbers: the remote side's prompts must not be in llama-server's slots already
+                    sides["server"].rounds.append(trio.run(server_round, server, rnd + 1, budgets))
+                    sides["remote"].rounds.append(remote.round("openai", rnd + 2, budgets, [server.p.pid]))
+                    rnd += 2
+            finally:
+                remote.close()
+                server.close()
+            print(f"\nN = {n} NPCs at once (seconds; tok/s = all output tokens / wall; out = output tokens, "
+                  f"in = prompt tokens per NPC; cores = CPU time / wall)")
+            print(HEADER)
+            for side in sides.values():
+                print(side.row())
+            report(n, sides, n > 1)
+            sys.stdout.flush()
+    finally:
+        for b in bridges.values():
+            b.close()
+        if worktree is not None:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", worktree], check=False)
+            shutil.rmtree(worktree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
