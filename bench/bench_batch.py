@@ -30,7 +30,12 @@ wall time from sending the first request to the last completion.
 Threads, the same on both sides: the bridge's ``--llama-threads T`` decodes with T threads and
 reads prompts with every core; llama-server gets ``-t T -tb <cores>``. T defaults to
 cores - 1 (the bridge's default). "cores used" is the side's processes' CPU time over the
-round's wall time (the remote side: bridge plus server).
+round's wall time (the remote side: bridge plus server). Hazard: llama.cpp computes every
+batch of more than one token with the ``-tb`` threads (``llama_context::graph_compute``), so
+with several slots generating, llama-server decodes on every core, not T; ``--server-tb T``
+gives it the bridge's decode threads instead (and T threads for reading prompts). On a busy
+machine every-core decoding stalls whenever one core is taken (ggml's threads meet at a
+barrier on each op): compare the cores columns.
 
 llama-server is a measuring stick, not a dependency: built once (a few minutes on 2 cores)
 into ``$XDG_CACHE_HOME/oam-bridge/llama-server-<version>/`` (default ``~/.cache``) and
@@ -38,7 +43,7 @@ reused. Building needs cmake and a C++ compiler (``apt-get install -y cmake g++`
 access to PyPI for the sdist. This bench is not part of ``make test``.
 
 Usage: python bench/bench_batch.py [--n 1,4,8] [--tokens 64] [--repeat 3] [--threads T]
-       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--quick]
+       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--quick]
 """
 
 from __future__ import annotations
@@ -165,11 +170,11 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 class LlamaServer:
-    def __init__(self, binary: str, model: str, n: int, ctx: int, threads: int, cores: int) -> None:
+    def __init__(self, binary: str, model: str, n: int, ctx: int, threads: int, batch_threads: int) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(n), "-cb",
-                     "-c", str(ctx * n), "-t", str(threads), "-tb", str(cores), "--ignore-eos", "--jinja", "--no-webui"]
+                     "-c", str(ctx * n), "-t", str(threads), "-tb", str(batch_threads), "--ignore-eos", "--jinja", "--no-webui"]
         self.log = tempfile.TemporaryFile()
         self.p = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 120
@@ -413,6 +418,8 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV", help="also run the bridge side from this git revision")
     ap.add_argument("--server-tokens", choices=["bridge", "full"], default="bridge",
                     help="bridge: each NPC on llama-server asks for what it generated through the bridge; full: --tokens")
+    ap.add_argument("--server-tb", type=int, default=0,
+                    help="llama-server's -tb: prompts and batches of several NPCs (default: every core)")
     ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
     args = ap.parse_args()
     if args.quick:
@@ -420,6 +427,7 @@ def main() -> None:
     ns = [int(x) for x in args.n.split(",")]
     cores = os.cpu_count() or 1
     threads = args.threads or max(1, cores - 1)
+    server_tb = args.server_tb or cores
 
     from bridge.engines.llama import default_model_path
 
@@ -427,7 +435,7 @@ def main() -> None:
     binary, version = llama_server_binary()
     print(f"model {os.path.basename(model)}; llama-server from llama-cpp-python {version}'s llama.cpp; "
           f"{cores} cores; decode threads {threads} (bridge --llama-threads {threads}, llama-server -t {threads}), "
-          f"prompt threads {cores} (bridge: all cores, llama-server -tb {cores}); context {args.ctx} per NPC; "
+          f"prompt threads {cores} (bridge: all cores), llama-server -tb {server_tb} (prompts and multi-NPC batches); context {args.ctx} per NPC; "
           f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
           f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
           f"medians of {args.repeat}", flush=True)
@@ -444,7 +452,7 @@ def main() -> None:
             b.warm("llama")
         rnd = 0
         for n in ns:
-            server = LlamaServer(binary, model, n, args.ctx, threads, cores)
+            server = LlamaServer(binary, model, n, args.ctx, threads, server_tb)
             remote = Bridge(["--engine", "openai", "--openai-url", f"{server.url}/v1"])
             try:
                 trio.run(server_warm, server)
