@@ -31,6 +31,7 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
     ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
     ap.add_argument("--llama-threads", type=int, default=int(os.environ.get("OAM_LLAMA_THREADS", "0")), help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)")
+    ap.add_argument("--llama-parallel", type=int, default=int(os.environ.get("OAM_LLAMA_PARALLEL", "0")), help="llama engine: NPCs whose steps decode together in one batch; more wait for a place (env OAM_LLAMA_PARALLEL; default 8)")
     ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
     ap.add_argument("--openai-url", default=os.environ.get("OAM_OPENAI_URL"), help="openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without it the engine is unavailable)")
     ap.add_argument("--openai-model", default=os.environ.get("OAM_OPENAI_MODEL"), help="openai engine: the model name to ask for (env OAM_OPENAI_MODEL; default: the first the server lists)")
@@ -52,6 +53,8 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
         llama_kwargs["n_ctx"] = args.llama_ctx
     if args.llama_threads:
         llama_kwargs["n_threads"] = args.llama_threads
+    if args.llama_parallel:
+        llama_kwargs["n_parallel"] = args.llama_parallel
     openai_kwargs: dict[str, object] = {
         "url": args.openai_url, "model": args.openai_model, "api_key": args.openai_api_key,
         "timeout_s": args.openai_timeout, "connect_timeout_s": args.openai_connect_timeout, "n_ctx": args.openai_ctx,

@@ -67,17 +67,21 @@ async def test_every_line_ends_where_a_sentence_ends_though_maxtokens_cuts_the_m
 
 
 async def test_temperature_zero_with_a_seed_gives_the_same_transcript_twice() -> None:
+    # The same session on two fresh bridges says the same lines (what replay relies on),
+    # also with another NPC speaking in between. Within one bridge a later NPC's lines may
+    # differ in a near tie: the batch's KV cells are laid out differently by then, and
+    # llama.cpp's sums are not exact across layouts (see the README, "Many NPCs at once").
     prompts = ["Evening! Is this the Rusty Flagon?", "What's your name?", "Any news from the road?"]
-    async with llama_bridge() as p:
-        texts: list[list[str]] = []
-        for run in range(2):
-            npc = f"same{run}"
-            await p.client.call("npc/create", {"npcId": npc, "persona": KEEPER, "options": {"seed": 7, "temperature": 0}})
-            texts.append([(await line(p, npc, q))["text"] for q in prompts])
-            # another NPC speaks in between: the shared context holds other tokens now
-            await p.client.call("npc/create", {"npcId": f"other{run}", "persona": KEEPER, "options": {"seed": run}})
-            await line(p, f"other{run}", "Tell me about the town.")
-        assert texts[0] == texts[1]
+    texts: list[list[str]] = []
+    for _ in range(2):
+        async with llama_bridge() as p:
+            await p.client.call("npc/create", {"npcId": "same", "persona": KEEPER, "options": {"seed": 7, "temperature": 0}})
+            said = [(await line(p, "same", q))["text"] for q in prompts[:2]]
+            await p.client.call("npc/create", {"npcId": "other", "persona": KEEPER, "options": {"seed": 5}})
+            await line(p, "other", "Tell me about the town.")
+            said.append((await line(p, "same", prompts[2]))["text"])
+            texts.append(said)
+    assert texts[0] == texts[1]
 
 
 async def test_the_keeper_answers_with_the_count_the_game_gave() -> None:

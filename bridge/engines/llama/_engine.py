@@ -25,10 +25,11 @@ from ._grammar import CallSniffer, build_grammar
 from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
 from ._prompt import PromptRenderer, turn_start
 from ._states import StateCache
-from ._worker import Emit, Generator, run_in_thread
+from ._worker import DEFAULT_PARALLEL, Emit, Generator, run_in_thread
 
 MAX_DEFAULT_CTX = 8192
-FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache"]
+LOADER_CTX = 32  # the Llama object's own context, unused: see __init__
+FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache", "batching"]
 COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
 # Logit bias toward the values the game's tools answered, until each is said once (see
 # Generator.generate): the bundled model otherwise rarely says the count or the price it
@@ -58,9 +59,11 @@ class LlamaEngine:
 
     def __init__(self, model_path: str | None = None, n_ctx: int | None = None,
                  n_threads: int | None = None, cache_bytes: int = 512 * 1024 * 1024,
-                 verbose: bool = False, extra_buffers: bool | None = None) -> None:
+                 verbose: bool = False, extra_buffers: bool | None = None, n_parallel: int | None = None) -> None:
         """``extra_buffers``: llama.cpp's AMX / weight-repacking buffers (see
-        ``_model.load_model``); default ``$OAM_LLAMA_EXTRA_BUFFERS``, off."""
+        ``_model.load_model``); default ``$OAM_LLAMA_EXTRA_BUFFERS``, off. ``n_parallel``:
+        NPCs whose steps decode together (``$OAM_LLAMA_PARALLEL``, default 8); ``n_ctx``:
+        the KV cells they share, and the longest prompt and answer of one NPC."""
         self.model_path = model_path or default_model_path()
         ok, reason = availability(self.model_path)
         self._available, self._reason = ok, reason
@@ -82,18 +85,21 @@ class LlamaEngine:
         # read with every core (short bursts, where throughput wins).
         threads = n_threads or max(1, cores - 1)
         self.threads = (threads, cores)
+        # The Llama object holds the model and its tokenizer; steps decode in the batch
+        # scheduler's own context (_batch.py), so Llama's context is the smallest there is.
         llm = load_model(extra_buffers_default() if extra_buffers is None else extra_buffers,
-                         model_path=self.model_path, n_ctx=n_ctx or MAX_DEFAULT_CTX,
-                         n_threads=threads, n_threads_batch=cores, verbose=verbose)
+                         model_path=self.model_path, n_ctx=LOADER_CTX, n_batch=LOADER_CTX,
+                         n_threads=1, n_threads_batch=1, verbose=verbose)
         if not verbose:
             silence_llama_logs()
-        self._n_ctx = min(llm._model.n_ctx_train(), MAX_DEFAULT_CTX) if n_ctx is None else llm.n_ctx()
+        self._n_ctx = min(llm._model.n_ctx_train(), MAX_DEFAULT_CTX) if n_ctx is None else n_ctx
+        parallel = n_parallel or int(os.environ.get("OAM_LLAMA_PARALLEL", "0")) or DEFAULT_PARALLEL
         eos_id, bos_id = llm.token_eos(), llm.token_bos()
         eos = llm.detokenize([eos_id], special=True).decode("utf-8", "ignore") if eos_id >= 0 else ""
         bos = llm.detokenize([bos_id], special=True).decode("utf-8", "ignore") if bos_id >= 0 else ""
         self._renderer = PromptRenderer(llm.metadata.get("tokenizer.chat_template"), eos, bos)
         self._llm = llm
-        self._gen = Generator(llm, self._n_ctx, self._states)
+        self._gen = Generator(llm, self._n_ctx, self._states, max(1, parallel), threads, cores)
         self._gen.scan_vocabulary()
 
     # -- interface -------------------------------------------------------------------
@@ -139,7 +145,10 @@ class LlamaEngine:
         return n
 
     def forget(self, npc_id: str) -> None:
-        self._states.forget(npc_id)
+        if self._llm is not None:
+            self._gen.forget(npc_id)
+        else:
+            self._states.forget(npc_id)
 
     async def aclose(self) -> None:
         def close() -> None:

@@ -1,11 +1,12 @@
-"""The generation thread: one model context, one step at a time, a stop flag checked
-between prompt chunks and between tokens, and the hand-off of its output to trio.
+"""Steps on the llama engine: each step's sampling, and the hand-off of its output to trio.
 
-``Generator.generate`` runs on a plain OS thread (``trio.lowlevel.start_thread_soon``), never
-on trio's thread: a forward pass takes milliseconds to seconds. ``run_in_thread`` starts a
-job there and yields what it emits; leaving the ``async for`` early (cancellation, a closed
-generator) sets the stop flag, which the thread notices within one token or one prompt
-chunk (``PREFILL_CHUNK`` tokens).
+A step's prompt is rendered, tokenized and its grammar built on the step's own OS thread
+(``run_in_thread``, never trio's thread). The step then joins the engine's batch
+(``_batch.Scheduler``): one thread that decodes every NPC's step in one llama.cpp context.
+Each step keeps its own sampler chain and grammar (``Sampling``), which the scheduler calls
+with the step's row of logits after each decode. Leaving the ``async for`` early
+(cancellation, a closed generator) sets the stop flag, which the scheduler notices at its
+next pass (one token, or one prompt chunk of ``PREFILL_CHUNK`` tokens).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from bridge.engines.base import GenerationOptions, Usage
 from bridge.errors import BridgeError
 
 from ._lines import SpokenLine
-from ._states import StateCache, load_state, save_state
+from ._batch import Job, Scheduler
+from ._states import StateCache
 
-# The prompt is read in chunks of this many tokens, with a stop check between them.
+# Prompts are read at most this many tokens per decode (all steps together), with a stop
+# check between chunks; NPCs that are generating add their tokens beside the chunk.
 PREFILL_CHUNK = int(os.environ.get("OAM_LLAMA_PREFILL_CHUNK", "128"))
+DEFAULT_PARALLEL = 8  # NPCs whose steps decode at once ($OAM_LLAMA_PARALLEL)
 DEFAULT_MAX_TOKENS = 512  # a step that may write a tool call or a JSON answer
 DEFAULT_LINE_TOKENS = 80  # a spoken line (a text answer), when the NPC sets no maxTokens
 
@@ -53,48 +57,35 @@ _NOT_NAMES = frozenset({"A", "An", "The", "Not", "Sorry", "Afraid", "Glad", "Hap
 
 
 class Generator:
-    """Owns the shared model context. ``lock`` is held for a whole step (and by close)."""
+    """The engine's steps on its model: builds each step's sampling and runs it on the
+    batch scheduler, which owns the one llama.cpp context."""
 
-    def __init__(self, llm: Any, n_ctx: int, states: StateCache) -> None:
+    def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_parallel: int = DEFAULT_PARALLEL,
+                 n_threads: int = 1, n_threads_batch: int = 1) -> None:
         self.llm: Any = llm  # None once closed
         self.n_ctx = n_ctx
         self.states = states
-        self.lock = threading.Lock()
-        self._resident: str | None = None  # whose tokens the context holds
+        self.lock = threading.Lock()  # guards close
         self._banned: dict[bool, dict[int, float]] = {}  # see _bans, filled by scan_vocabulary
+        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK)
 
     def close(self) -> None:
         with self.lock:
+            if self.llm is None:
+                return
+            self.scheduler.close()  # steps still running end with model_unavailable
             self.states.clear()
-            if self.llm is not None:
-                try:
-                    self.llm.close()
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    pass
-                self.llm = None
+            try:
+                self.llm.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+            self.llm = None
 
-    def _switch_to(self, npc_id: str, tokens: list[int]) -> None:
-        """Under the lock: make the context hold the best available prefix for ``tokens``:
-        save the resident NPC's state if another NPC takes the context, and load this NPC's
-        saved state if it shares more of the prompt than what is resident."""
-        import numpy as np
-
-        llm = self.llm
-        if self._resident is not None and self._resident != npc_id and llm.n_tokens > 0:
-            self.states.put(self._resident, save_state(llm))
-        self._resident = npc_id
-
-        def common(ids: Any) -> int:
-            n = min(len(ids), len(tokens))
-            if n == 0:
-                return 0
-            diff = np.nonzero(np.asarray(ids[:n]) != np.asarray(tokens[:n]))[0]
-            return int(diff[0]) if len(diff) else n
-
-        cur = common(llm._input_ids)
-        saved = self.states.get(npc_id)
-        if saved is not None and common(saved.input_ids[: saved.n_tokens]) > cur:
-            load_state(llm, saved)
+    def forget(self, npc_id: str) -> None:
+        """The NPC's saved state and resident tokens go (reset, delete, restore)."""
+        self.states.forget(npc_id)
+        if self.llm is not None:
+            self.scheduler.forget(npc_id)
 
     def scan_vocabulary(self) -> None:
         """Finds the tokens ``_bans`` keeps out: a pass over the whole vocabulary (about half
@@ -164,51 +155,16 @@ class Generator:
             return name_tokens
         return None
 
-    def _read_prompt(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool) -> int | None:
-        """Under the lock: makes the context hold ``tokens``, reusing the longest prefix the
-        context or the NPC's saved state has (``_switch_to``) and reading the rest in
-        ``PREFILL_CHUNK`` chunks. Returns the tokens reused, or None when stopped (the
-        context then holds the chunks read so far, which a later step may reuse).
-        ``keep_last``: the last token is read even when it was there (its logits start the
-        sampling)."""
-        llm = self.llm
-        if len(tokens) >= self.n_ctx:
-            raise BridgeError("context_size_exceeded", "prompt exceeds context",
-                              prompt_tokens=len(tokens), context_size=self.n_ctx)
-        self._switch_to(npc_id, tokens)
-        n = 0
-        ids = llm._input_ids
-        m = min(len(ids), len(tokens))
-        while n < m and ids[n] == tokens[n]:
-            n += 1
-        if keep_last:
-            n = min(n, len(tokens) - 1)
-        if n > 0 and llm._ctx.kv_cache_seq_rm(-1, n, -1):
-            llm.n_tokens = n
-        else:
-            n = 0
-            llm.reset()
-            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-        rest = tokens[n:]
-        for i in range(0, len(rest), PREFILL_CHUNK):
-            if stop.is_set():
-                return None
-            llm.eval(rest[i : i + PREFILL_CHUNK])
-        return n
-
     def prewarm(self, npc_id: str, tokens: list[int], stop: threading.Event) -> Usage | None:
-        """Reads ``tokens`` (the start of the NPC's next prompt) into the context, as a step
-        reads its prompt, and generates nothing (``npc/prewarm``). The context stays the
-        NPC's: its next step reuses it, or, when another NPC's step takes the context first,
-        the state saved for it (``_switch_to``). Returns the prompt's tokens and those that
-        were already there, or None when stopped."""
-        with self.lock:
-            if self.llm is None:
-                raise BridgeError("model_unavailable", "engine closed")
-            if stop.is_set():
-                return None
-            cached = self._read_prompt(npc_id, tokens, stop, keep_last=False)
-            return None if cached is None else Usage(input_tokens=len(tokens), cached_tokens=cached)
+        """Reads ``tokens`` (the start of the NPC's next prompt) into the NPC's slot, as a
+        step reads its prompt, and generates nothing (``npc/prewarm``). The NPC's next step
+        reuses it, or the state saved for it when its slot went to another NPC. Returns the
+        prompt's tokens and those that were already there, or None when stopped."""
+        if self.llm is None:
+            raise BridgeError("model_unavailable", "engine closed")
+        job = Job(npc_id, tokens, stop, keep_last=False, step=None, reserve=0)
+        done = self.scheduler.submit(job)
+        return None if done is None else Usage(input_tokens=len(tokens), cached_tokens=job.cached)
 
     def generate(
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
@@ -225,77 +181,106 @@ class Generator:
         step without a grammar, whose state they would not fit); ``unlabel``: other speakers'
         lines are in the prompt, so a ``Name:`` label the model starts the line with is
         dropped (``SpokenLine``)."""
-        import llama_cpp
         from llama_cpp.llama_grammar import LlamaGrammar
 
-        with self.lock:
-            llm = self.llm
-            if llm is None:
-                raise BridgeError("model_unavailable", "engine closed")
-            if stop.is_set():
-                return None
-            grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
-            braces = spoken and grammar is None
-            boost = dict(boost or {})
-            accepted: list[int] = list(recent or []) if grammar is None else []
-            sampler = self._sampler(opts, grammar, braces, boost)
-            for t in accepted:  # what the sampler chain has seen, to rebuild it
-                sampler.accept(t)
-            # at least the last token is re-read: its logits start the sampling
-            cached = self._read_prompt(npc_id, tokens, stop, keep_last=True)
-            if cached is None:
-                return None
-            limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
-            max_tokens = min(limit, self.n_ctx - len(tokens))
-            line = SpokenLine(soft_tokens=limit // 2, unlabel=unlabel) if spoken else None
-            name_tokens = list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
-            vocab = llm._model.vocab
-            out = 0
-            finish = "length"
-            said = ""  # the step's text as generated, before SpokenLine shapes it
-            forced: list[int] = []  # tokens of the NPC's name being said instead of another
-            dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            while out < max_tokens:
-                if stop.is_set():
-                    finish = "cancelled"
-                    break
-                if forced:
-                    tok = forced.pop(0)
-                    sampler.accept(tok)  # penalties and the grammar see the name as said
-                else:
-                    tok = sampler.sample(llm._ctx, -1)
-                    if name_tokens and (name := self._said_instead(said, tok, name_tokens)):
-                        tok, forced = name[0], name[1:]
-                accepted.append(tok)
-                if tok in boost:  # a fact was said: favour it no more (it would repeat)
-                    del boost[tok]
-                    sampler = self._sampler(opts, grammar, braces, boost)
-                    for t in accepted:
-                        sampler.accept(t)
-                if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                    finish = "stop"
-                    break
-                out += 1
-                piece = dec.decode(llm._model.token_to_piece(tok).rstrip(b"\x00"))
-                said += piece
-                if line is not None:
-                    piece = line.feed(piece, out)
-                    if line.passthrough and limit == DEFAULT_LINE_TOKENS and not opts.max_tokens:
-                        limit = DEFAULT_MAX_TOKENS  # a call batch, not a line: room to close it
-                        max_tokens = min(limit, self.n_ctx - len(tokens))
-                if piece:
-                    emit(("text", piece))
-                if line is not None and line.stopped:
-                    finish = "stop"
-                    break
-                llm.eval([tok])
-            tail = dec.decode(b"", final=True)
-            if line is not None:
-                tail = line.feed(tail, out) if tail else ""
-                tail += line.end(cut=finish == "length")
-            if tail:
-                emit(("text", tail))
-            return Usage(input_tokens=len(tokens), output_tokens=out, cached_tokens=cached), finish
+        llm = self.llm
+        if llm is None:
+            raise BridgeError("model_unavailable", "engine closed")
+        if stop.is_set():
+            return None
+        grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
+        step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel)
+        # KV cells the answer may take: a spoken line can become a call batch (see Sampling)
+        reserve = min(max(step.limit, DEFAULT_MAX_TOKENS if spoken and not opts.max_tokens else 0),
+                      self.n_ctx - len(tokens))
+        job = Job(npc_id, tokens, stop, keep_last=True, step=step, reserve=reserve)
+        finish = self.scheduler.submit(job)
+        if finish is None:
+            return None
+        return Usage(input_tokens=len(tokens), output_tokens=step.out, cached_tokens=job.cached), finish
+
+
+class Sampling:
+    """One step's token choice, called by the scheduler with the step's row of logits after
+    each decode (``choose``): its own sampler chain (bans, penalties, grammar, greedy or
+    seeded sampling), the NPC's name said where it introduces itself, fact biases dropped
+    once said, and ``SpokenLine`` shaping a line of dialogue."""
+
+    def __init__(self, gen: Generator, tokens: list[int], grammar: Any, opts: GenerationOptions, spoken: bool,
+                 speaker: str | None, emit: Emit, boost: dict[int, float] | None, recent: list[int] | None,
+                 unlabel: bool) -> None:
+        llm = gen.llm
+        self.gen, self.grammar, self.opts, self.emit = gen, grammar, opts, emit
+        self.n_prompt = len(tokens)
+        self.braces = spoken and grammar is None
+        self.boost = dict(boost or {})
+        self.accepted: list[int] = list(recent or []) if grammar is None else []
+        self.sampler = gen._sampler(opts, grammar, self.braces, self.boost)
+        for t in self.accepted:  # what the sampler chain has seen, to rebuild it
+            self.sampler.accept(t)
+        self.limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
+        self.max_tokens = min(self.limit, gen.n_ctx - len(tokens))
+        self.line = SpokenLine(soft_tokens=self.limit // 2, unlabel=unlabel) if spoken else None
+        self.name_tokens = list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
+        self.vocab = llm._model.vocab
+        self.model = llm._model
+        self.out = 0
+        self.finish = "length"
+        self.said = ""  # the step's text as generated, before SpokenLine shapes it
+        self.forced: list[int] = []  # tokens of the NPC's name being said instead of another
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def choose(self, ctx: Any, idx: int) -> int | None:
+        """The next token (to be evaluated), or None when the step has ended (``finish``)."""
+        import llama_cpp
+
+        if self.out >= self.max_tokens:
+            return None
+        if self.forced:
+            tok = self.forced.pop(0)
+            self.sampler.accept(tok)  # penalties and the grammar see the name as said
+        else:
+            tok = self.sampler.sample(ctx, idx)
+            if self.name_tokens and (name := self.gen._said_instead(self.said, tok, self.name_tokens)):
+                tok, self.forced = name[0], name[1:]
+        self.accepted.append(tok)
+        if tok in self.boost:  # a fact was said: favour it no more (it would repeat)
+            del self.boost[tok]
+            self.sampler = self.gen._sampler(self.opts, self.grammar, self.braces, self.boost)
+            for t in self.accepted:
+                self.sampler.accept(t)
+        if llama_cpp.llama_vocab_is_eog(self.vocab, tok):
+            self.finish = "stop"
+            return None
+        self.out += 1
+        piece = self.dec.decode(self.model.token_to_piece(tok).rstrip(b"\x00"))
+        self.said += piece
+        line = self.line
+        if line is not None:
+            piece = line.feed(piece, self.out)
+            if line.passthrough and self.limit == DEFAULT_LINE_TOKENS and not self.opts.max_tokens:
+                self.limit = DEFAULT_MAX_TOKENS  # a call batch, not a line: room to close it
+                self.max_tokens = min(self.limit, self.gen.n_ctx - self.n_prompt)
+        if piece:
+            self.emit(("text", piece))
+        if line is not None and line.stopped:
+            self.finish = "stop"
+            return None
+        return tok
+
+    def cancelled(self) -> str:
+        self.finish = "cancelled"
+        return self.end()
+
+    def end(self) -> str:
+        """Emits what the decoder and the line still hold; returns the finish reason."""
+        tail = self.dec.decode(b"", final=True)
+        if self.line is not None:
+            tail = self.line.feed(tail, self.out) if tail else ""
+            tail += self.line.end(cut=self.finish == "length")
+        if tail:
+            self.emit(("text", tail))
+        return self.finish
 
 
 async def run_in_thread(job: Callable[[threading.Event, Emit], None]) -> AsyncGenerator[tuple[Any, ...], None]:

@@ -1,0 +1,447 @@
+"""Continuous batching: every NPC's step on one model decodes in one llama.cpp context.
+
+One scheduler thread owns a context with one KV sequence per *slot*
+(``llama_context_params.n_seq_max``, ``kv_unified``: the sequences share one pool of KV
+cells, so one NPC may use the whole window and a prefix can be shared without copying).
+A slot belongs to an NPC while its tokens are resident, so a returning NPC reads only its
+new line. Each pass of the scheduler builds one ``llama_batch`` with
+
+- the last token of every step that is generating (one token each, with logits), and
+- up to ``prefill_chunk`` tokens of the prompts still being read, oldest step first,
+
+decodes it, and hands each generating step the logits of its row (``Job.choose``: each
+step has its own sampler chain and grammar). A new step joins at the next pass; a long
+prompt is read a chunk per pass while the others keep streaming; a cancelled step leaves
+at the next pass, keeping what it read.
+
+Where a step's prompt starts:
+
+- its NPC's slot, when the slot still holds a prefix of the prompt;
+- the NPC's saved state (``StateCache``), written when its slot was given to another NPC;
+- any resident slot that shares a longer prefix (the same instructions, lore or rules):
+  ``llama_memory_seq_cp`` shares those cells (unified KV), so NPCs whose prompts start
+  alike read the common text once.
+
+KV cells are admitted, not fought over: a step starts when its prompt and its longest
+answer fit beside the running steps, giving idle slots' cells back (their state saved) as
+needed; otherwise it waits for a running step to end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Protocol
+
+from bridge.errors import BridgeError
+
+from ._states import SavedState, StateCache
+
+log = logging.getLogger("oam_bridge.llama")
+
+
+class Step(Protocol):
+    """What a generating job does with its logits (``_worker.Sampling``)."""
+
+    def choose(self, ctx: Any, idx: int) -> int | None:
+        """The next token to evaluate, or None when the step has ended."""
+
+    def end(self) -> Any:
+        """The step's result once ``choose`` returned None, or when stopped."""
+
+    def cancelled(self) -> Any:
+        """The result when the step is stopped while generating."""
+
+
+class Job:
+    """One step (``step`` set) or prewarm (``step`` None) submitted to the scheduler.
+    ``result``/``error`` are set once, then ``done`` is set."""
+
+    __slots__ = ("npc_id", "tokens", "stop", "keep_last", "step", "reserve", "slot", "pending", "cached",
+                 "next", "generating", "result", "error", "done", "admitted")
+
+    def __init__(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool,
+                 step: Step | None, reserve: int) -> None:
+        self.npc_id, self.tokens, self.stop, self.keep_last = npc_id, tokens, stop, keep_last
+        self.step = step
+        self.reserve = reserve  # KV cells the step may still need past its prompt
+        self.slot: Slot | None = None
+        self.pending: list[int] = []  # prompt tokens not read yet
+        self.cached = 0  # prompt tokens reused from a slot or a saved state
+        self.next: int | None = None  # the generated token to evaluate in the next pass
+        self.generating = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.admitted = 0.0
+
+    def wait(self) -> Any:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class Slot:
+    """A KV sequence: the NPC whose tokens it holds and the job running on it."""
+
+    __slots__ = ("seq", "npc", "tokens", "job", "used")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.npc: str | None = None
+        self.tokens: list[int] = []  # what the sequence holds, positions 0..len-1
+        self.job: Job | None = None
+        self.used = 0.0  # when its last job ended: the least recently used idle slot goes first
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    """The context and its thread. ``submit`` from any thread; ``close`` ends the thread
+    (steps still running end with ``model_unavailable``)."""
+
+    def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_seq: int, n_threads: int,
+                 n_threads_batch: int, prefill_chunk: int) -> None:
+        import llama_cpp
+        from llama_cpp import _internals
+
+        self.llm = llm
+        self.n_ctx = n_ctx
+        self.states = states
+        self.chunk = max(1, prefill_chunk)
+        self.n_batch = max(512, self.chunk + n_seq)
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = p.n_ubatch = self.n_batch
+        p.n_seq_max = n_seq
+        p.kv_unified = True
+        # llama.cpp decodes a batch of one token with n_threads and anything larger (prompt
+        # chunks, several NPCs' tokens) with n_threads_batch
+        p.n_threads, p.n_threads_batch = n_threads, n_threads_batch
+        self.ctx: Any = _internals.LlamaContext(model=llm._model, params=p, verbose=False)
+        self.mem = llama_cpp.llama_get_memory(self.ctx.ctx)
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.slots = [Slot(i) for i in range(n_seq)]
+        self._cv = threading.Condition()  # guards _queue, _forget, _closing
+        self._queue: deque[Job] = deque()
+        self._forget: set[str] = set()
+        self._closing = False
+        self._waiting: deque[Job] = deque()  # submitted, not admitted (scheduler thread only)
+        self._active: list[Job] = []  # admitted, in admission order
+        self.passes = 0  # decodes run, for tests and benches
+        self.batched = 0  # decodes that held more than one NPC's tokens
+        self.shared_tokens = 0  # prompt tokens taken from another NPC's slot
+        self._thread = threading.Thread(target=self._run, name="oam-llama-batch", daemon=True)
+        self._thread.start()
+
+    # -- any thread ------------------------------------------------------------------
+    def submit(self, job: Job) -> Any:
+        """Runs ``job`` and returns its result (None when stopped before it started)."""
+        if len(job.tokens) >= self.n_ctx:
+            raise BridgeError("context_size_exceeded", "prompt exceeds context",
+                              prompt_tokens=len(job.tokens), context_size=self.n_ctx)
+        with self._cv:
+            if self._closing:
+                raise BridgeError("model_unavailable", "engine closed")
+            self._queue.append(job)
+            self._cv.notify()
+        # the stop flag is looked at by the scheduler on every pass; wake it when set so a
+        # waiting job ends without waiting for one
+        while not job.done.wait(0.05):
+            if job.stop.is_set():
+                with self._cv:
+                    self._cv.notify()
+        return job.wait()
+
+    def forget(self, npc_id: str) -> None:
+        """Drops the NPC's resident tokens (reset, delete, restore), at the next pass."""
+        with self._cv:
+            self._forget.add(npc_id)
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join()
+
+    # -- the scheduler thread --------------------------------------------------------
+    def _run(self) -> None:
+        import llama_cpp
+
+        try:
+            while True:
+                with self._cv:
+                    # a waiting job with nothing active is admitted at once (every slot is idle)
+                    while not (self._closing or self._queue or self._forget or self._active or self._waiting):
+                        self._cv.wait()
+                    if self._closing:
+                        break
+                    self._waiting.extend(self._queue)
+                    self._queue.clear()
+                    forget, self._forget = self._forget, set()
+                for npc in forget:
+                    self._drop(npc)
+                self._admit()
+                if self._active:
+                    self._pass()
+        except BaseException as e:  # noqa: BLE001 - every job must end
+            log.exception("llama scheduler failed")
+            err = BridgeError("generation_failed", f"llama scheduler failed: {type(e).__name__}: {e}")
+            self._fail_all(err)
+            with self._cv:
+                self._closing = True
+        finally:
+            self._fail_all(BridgeError("model_unavailable", "engine closed"))
+            with self._cv:
+                self._fail_queue(BridgeError("model_unavailable", "engine closed"))
+            llama_cpp.llama_batch_free(self.batch)
+            self.ctx.close()
+
+    def _fail_queue(self, err: BaseException) -> None:
+        while self._queue:
+            self._finish(self._queue.popleft(), error=err)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for job in list(self._active) + list(self._waiting):
+            self._finish(job, error=err)
+        self._active.clear()
+        self._waiting.clear()
+
+    def _finish(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+        if job.done.is_set():
+            return
+        job.result, job.error = result, error
+        if job.slot is not None:
+            job.slot.job = None
+            job.slot.used = time.monotonic()
+            job.slot = None
+        job.done.set()
+
+    def _drop(self, npc: str) -> None:
+        import llama_cpp
+
+        self.states.forget(npc)
+        for s in self.slots:
+            if s.npc == npc and s.job is None:
+                llama_cpp.llama_memory_seq_rm(self.mem, s.seq, -1, -1)
+                s.npc, s.tokens = None, []
+
+    def _cells_used(self) -> int:
+        used = 0
+        for s in self.slots:
+            used += len(s.tokens)
+            if s.job is not None:
+                used += len(s.job.pending) + s.job.reserve
+        return used
+
+    def _evict(self, s: Slot) -> None:
+        """Gives an idle slot's cells back, its NPC's state saved for its return."""
+        import llama_cpp
+
+        if s.npc is not None and s.tokens:
+            self.states.put(s.npc, self._save(s))
+        llama_cpp.llama_memory_seq_rm(self.mem, s.seq, -1, -1)
+        s.npc, s.tokens = None, []
+
+    def _save(self, s: Slot) -> SavedState:
+        import llama_cpp
+        import numpy as np
+
+        size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, s.seq)
+        buf = (ctypes.c_uint8 * int(size))()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buf, size, s.seq)
+        return SavedState(np.asarray(s.tokens, dtype=np.intc), len(s.tokens), bytes(buf)[: int(n)])
+
+    def _admit(self) -> None:
+        """Moves waiting jobs onto slots, oldest first, while slots and KV cells allow."""
+        keep: deque[Job] = deque()
+        while self._waiting:
+            job = self._waiting.popleft()
+            if job.stop.is_set():
+                self._finish(job)  # stopped before it started: nothing read
+                continue
+            if keep:  # an older job waits: keep the order
+                keep.append(job)
+                continue
+            if not self._place(job):
+                keep.append(job)
+        self._waiting = keep
+
+    def _place(self, job: Job) -> bool:
+        import llama_cpp
+
+        own = next((s for s in self.slots if s.npc == job.npc_id), None)
+        if own is not None and own.job is not None:
+            return False  # the NPC's previous job has not left its slot yet
+        need = len(job.tokens) + job.reserve
+        idle = sorted((s for s in self.slots if s.job is None and s is not own), key=lambda s: (s.npc is not None, s.used))
+        slot = own if own is not None else (idle.pop(0) if idle else None)
+        if slot is None:
+            return False
+        # cells: the job's prompt and answer beside what the others hold and may still need
+        free = self.n_ctx - self._cells_used() + len(slot.tokens)
+        while free < need and idle:
+            victim = idle.pop(0)
+            free += len(victim.tokens)
+            self._evict(victim)
+        if free < need and any(s.job is not None for s in self.slots):
+            return False
+        if slot.npc != job.npc_id:
+            self._evict(slot)
+        slot.npc, slot.job, job.slot = job.npc_id, job, slot
+        toks = job.tokens
+        # the longest prefix on offer: the slot itself, the NPC's saved state, another slot
+        n = _common(slot.tokens, toks)
+        saved = self.states.get(job.npc_id)
+        from_saved = saved is not None and _common(list(saved.input_ids[: saved.n_tokens]), toks) > n
+        donor: Slot | None = None
+        if from_saved:
+            assert saved is not None
+            n = _common(list(saved.input_ids[: saved.n_tokens]), toks)
+        for s in self.slots:
+            if s is not slot and s.tokens and (k := _common(s.tokens, toks)) > n:
+                n, donor, from_saved = k, s, False
+        if from_saved:
+            assert saved is not None
+            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            arr = (ctypes.c_uint8 * saved.size).from_buffer_copy(saved.data)
+            if llama_cpp.llama_state_seq_set_data(self.ctx.ctx, arr, saved.size, slot.seq) != saved.size:
+                llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+                n, slot.tokens = 0, []
+            else:
+                slot.tokens = [int(t) for t in saved.input_ids[: saved.n_tokens]]
+        elif donor is not None:
+            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            llama_cpp.llama_memory_seq_cp(self.mem, donor.seq, slot.seq, 0, n)
+            slot.tokens = donor.tokens[:n]
+            self.shared_tokens += n
+        if job.keep_last:  # the last token is read again: its logits start the sampling
+            n = min(n, len(toks) - 1)
+        if n < len(slot.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, n, -1):
+                llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+                n = 0
+            slot.tokens = slot.tokens[:n]
+        job.cached = n
+        job.pending = toks[n:]
+        job.admitted = time.monotonic()
+        self._active.append(job)
+        if not job.pending:  # a prewarm whose prompt is all there
+            self._complete_prompt(job, -1)
+        return True
+
+    def _complete_prompt(self, job: Job, idx: int) -> None:
+        """The prompt is read: a prewarm ends; a step samples its first token."""
+        if job.step is None:
+            self._end(job, ("prewarmed", job.cached))
+            return
+        job.generating = True
+        self._advance(job, idx)
+
+    def _advance(self, job: Job, idx: int) -> None:
+        assert job.step is not None
+        tok = job.step.choose(self.ctx, idx)
+        if tok is None:
+            self._end(job, job.step.end())
+        else:
+            job.next = tok
+
+    def _end(self, job: Job, result: Any) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        self._finish(job, result=result)
+
+    def _pass(self) -> None:
+        """One decode: every generating job's next token, then prompt chunks."""
+        import llama_cpp
+
+        b = self.batch
+        b.n_tokens = 0
+        rows: list[tuple[Job, int, int]] = []  # (job, first row, tokens added)
+        for job in list(self._active):
+            if job.stop.is_set():
+                self._end(job, job.step.cancelled() if (job.generating and job.step is not None) else None)
+        budget = self.chunk
+        for job in self._active:
+            slot = job.slot
+            assert slot is not None
+            if job.generating:
+                assert job.next is not None
+                toks = [job.next]
+            else:
+                if budget <= 0:
+                    continue
+                toks = job.pending[:budget]
+                budget -= len(toks)
+            start = b.n_tokens
+            pos = len(slot.tokens)
+            last = job.generating or len(toks) == len(job.pending)
+            for i, t in enumerate(toks):
+                r = start + i
+                b.token[r] = t
+                b.pos[r] = pos + i
+                b.n_seq_id[r] = 1
+                b.seq_id[r][0] = slot.seq
+                b.logits[r] = last and i == len(toks) - 1 and job.step is not None
+            b.n_tokens = start + len(toks)
+            rows.append((job, start, len(toks)))
+        if not rows:
+            return
+        rc = llama_cpp.llama_decode(self.ctx.ctx, b)
+        self.passes += 1
+        self.batched += len(rows) > 1
+        if rc != 0:
+            self._decode_failed(rc, rows)
+            return
+        for job, start, k in rows:
+            slot = job.slot
+            assert slot is not None
+            if job.generating:
+                slot.tokens.append(job.next)  # type: ignore[arg-type]
+                job.next = None
+                self._advance(job, start)
+            else:
+                slot.tokens.extend(job.pending[:k])
+                del job.pending[:k]
+                if not job.pending:
+                    self._complete_prompt(job, start + k - 1)
+
+    def _decode_failed(self, rc: int, rows: list[tuple[Job, int, int]]) -> None:
+        """rc 1: no room in the KV cells (give idle slots back and try again next pass; if
+        none is idle, the newest job gives way); anything else fails the batch's jobs."""
+        import llama_cpp
+
+        if rc == 1:
+            idle = [s for s in self.slots if s.job is None and s.tokens]
+            if idle:
+                for s in idle:
+                    self._evict(s)
+                return
+            job = max((j for j, _, _ in rows), key=lambda j: j.admitted)
+            self._fail(job, BridgeError(
+                "busy", "the model's KV cache is full: too many NPCs generating at once for --llama-ctx"))
+            return
+        for job, _, _ in rows:
+            self._fail(job, BridgeError("generation_failed", f"llama_decode failed ({rc})"))
+
+    def _fail(self, job: Job, err: BaseException) -> None:
+        import llama_cpp
+
+        slot = job.slot
+        if slot is not None:  # what the sequence holds past the known tokens is uncertain
+            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            slot.npc, slot.tokens = None, []
+        if job in self._active:
+            self._active.remove(job)
+        self._finish(job, error=err)
