@@ -1,9 +1,10 @@
-"""llama.cpp engine (llama-cpp-python): one shared model, a saved context per NPC, GBNF
-tool calls and JSON answers.
+"""llama.cpp engine (llama-cpp-python): one shared model whose NPCs decode together
+(continuous batching), their tokens kept between turns, GBNF tool calls and JSON answers.
 
 Modules, by concern: ``_model`` (model file, availability), ``_prompt`` (chat-template
 rendering), ``_grammar`` (GBNF from tools and schemas; no model needed), ``_states`` (saved
-per-NPC contexts), ``_worker`` (the generation thread and its stop flag), ``_engine`` (the
+per-NPC KV states), ``_batch`` (the scheduler: one context, one sequence per NPC, one decode
+per pass), ``_worker`` (each step's sampling and the hand-off to trio), ``_engine`` (the
 ``Engine`` adapter). Importing this package does not import llama_cpp.
 """
 

@@ -7,7 +7,8 @@ A slot belongs to an NPC while its tokens are resident, so a returning NPC reads
 new line. Each pass of the scheduler builds one ``llama_batch`` with
 
 - the last token of every step that is generating (one token each, with logits), and
-- up to ``prefill_chunk`` tokens of the prompts still being read, oldest step first,
+- up to ``prefill_chunk`` tokens of the prompts still being read, oldest step first
+  (a prompt that ends in the pass ends the reading: that NPC's first token comes first),
 
 decodes it, and hands each generating step the logits of its row (``Job.choose``: each
 step has its own sampler chain and grammar). A new step joins at the next pass; a long
@@ -383,7 +384,11 @@ class Scheduler:
                 if budget <= 0:
                     continue
                 toks = job.pending[:budget]
-                budget -= len(toks)
+                # a prompt that ends in this pass ends the pass's reading: its first token
+                # is not kept waiting for the start of the next NPC's prompt (measured with
+                # bench/bench_batch.py: a bigger budget while several prompts wait made the
+                # first NPC's first word later and did not lift the total within the noise)
+                budget = 0 if len(toks) == len(job.pending) else budget - len(toks)
             start = b.n_tokens
             pos = len(slot.tokens)
             last = job.generating or len(toks) == len(job.pending)
