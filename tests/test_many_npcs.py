@@ -217,3 +217,47 @@ async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:
     # Fritz's prompt starts like Elsa's: the lore's tokens come from her sequence, not a new read
     assert second.usage.cached_tokens > 100
     assert sched.shared_tokens - shared == second.usage.cached_tokens
+
+
+async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancelled() -> None:
+    # Two places and 768 KV cells for five NPCs whose prompts and answers need ~250 cells
+    # each: the scheduler admits what fits, the rest wait (a waiting turn cancelled leaves
+    # at once), an idle NPC's cells are given back and its state saved, and every turn ends.
+    async with trio.open_nursery() as nursery:
+        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "768", "--llama-parallel", "2")
+        c = p.client
+        await c.initialize()
+        story = " ".join(["The river runs past the mill and the old stone bridge."] * 12)
+        ids = [f"v{i}" for i in range(5)]
+        for i, npc in enumerate(ids):
+            await c.call("npc/create", {"npcId": npc, "engine": "llama", "instructions": f"You are villager {i}. {story}",
+                                        "options": {"temperature": 0, "maxTokens": 48}})
+        await c.send_raw(b"".join(json.dumps({"jsonrpc": "2.0", "id": f"w-{npc}", "method": "npc/respond",
+                                              "params": {"npcId": npc, "prompt": "Tell me about the river."}}).encode() + b"\n"
+                                  for npc in ids))
+        turns: dict[str, str] = {}
+        with trio.fail_after(30):
+            while len(turns) < len(ids):
+                changed = c._changed
+                for r in c.responses:
+                    if isinstance(r, dict) and str(r.get("id", "")).startswith("w-"):
+                        turns[r["id"][2:]] = r["result"]["turnId"]
+                if len(turns) < len(ids):
+                    await changed.wait()
+        # the last NPC cannot have a place yet: two run, the others wait
+        assert (await c.call("npc/cancel", {"npcId": "v4"}))["cancelled"] == [turns["v4"]]
+        with trio.fail_after(240):
+            done = {npc: await c.wait_terminal(t) for npc, t in turns.items()}
+        assert done["v4"]["method"] == "turn/failed" and done["v4"]["params"]["error"]["code"] == "cancelled"
+        assert texts(c, turns["v4"]) == []
+        for npc in ids[:4]:
+            assert done[npc]["method"] == "turn/completed", done[npc]
+            assert done[npc]["params"]["text"] == "".join(texts(c, turns[npc])) != ""
+            c.assert_well_formed(turns[npc])
+        # v0's cells went to later NPCs: its saved state brings its prompt back
+        with trio.fail_after(60):
+            tid, again = await c.turn("v0", "And the bridge?")
+        assert again["method"] == "turn/completed", again
+        assert again["params"]["usage"]["cachedTokens"] > 150, again["params"]["usage"]
+        await c.call("npc/delete", {"npcId": "v1"})  # its place and saved state go
+        await finish(p)
