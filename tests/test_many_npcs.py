@@ -261,3 +261,13 @@ async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancel
         assert again["params"]["usage"]["cachedTokens"] > 150, again["params"]["usage"]
         await c.call("npc/delete", {"npcId": "v1"})  # its place and saved state go
         await finish(p)
+
+
+async def test_a_forgotten_npcs_tokens_still_serve_a_prompt_that_starts_alike(engine: llama.LlamaEngine) -> None:
+    # oam serve's requests are NPCs deleted after each answer: the next request, with the
+    # same system message, must not read it again (its first token took 10x llama_cpp.server's)
+    _, first = await say(engine, ask("Gunter", "Where is the well?", npc_id="req-1"))
+    engine.forget("req-1")
+    _, second = await say(engine, ask("Gunter", "Where is the well?", npc_id="req-2"))
+    assert first.usage.input_tokens == second.usage.input_tokens
+    assert second.usage.cached_tokens == second.usage.input_tokens - 1  # all but the last, re-read for its logits

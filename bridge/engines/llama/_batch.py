@@ -230,13 +230,14 @@ class Scheduler:
         job.done.set()
 
     def _drop(self, npc: str) -> None:
-        import llama_cpp
-
+        """The NPC is gone (or reset): its saved state goes, and its slot belongs to no one.
+        The slot keeps its tokens until its cells are needed: they are only a cache of what
+        a prompt that starts the same way would read again (the OpenAI-compatible server's
+        requests are NPCs deleted after each request, and the next one starts alike)."""
         self.states.forget(npc)
         for s in self.slots:
             if s.npc == npc and s.job is None:
-                llama_cpp.llama_memory_seq_rm(self.mem, s.seq, -1, -1)
-                s.npc, s.tokens = None, []
+                s.npc = None
 
     def _cells_used(self) -> int:
         used = 0
@@ -287,7 +288,12 @@ class Scheduler:
             return False  # the NPC's previous job has not left its slot yet
         need = len(job.tokens) + job.reserve
         idle = sorted((s for s in self.slots if s.job is None and s is not own), key=lambda s: (s.npc is not None, s.used))
-        slot = own if own is not None else (idle.pop(0) if idle else None)
+        slot = own
+        if slot is None and idle:
+            # a slot of no one that holds the start of this prompt is taken as it is
+            best = max((s for s in idle if s.npc is None), key=lambda s: _common(s.tokens, job.tokens), default=None)
+            slot = best if best is not None and _common(best.tokens, job.tokens) > 0 else idle[0]
+            idle.remove(slot)
         if slot is None:
             return False
         # cells: the job's prompt and answer beside what the others hold and may still need
@@ -298,7 +304,7 @@ class Scheduler:
             self._evict(victim)
         if free < need and any(s.job is not None for s in self.slots):
             return False
-        if slot.npc != job.npc_id:
+        if slot.npc is not None and slot.npc != job.npc_id:
             self._evict(slot)
         slot.npc, slot.job, job.slot = job.npc_id, job, slot
         toks = job.tokens
