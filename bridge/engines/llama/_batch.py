@@ -311,11 +311,12 @@ class Scheduler:
         # the longest prefix on offer: the slot itself, the NPC's saved state, another slot
         n = _common(slot.tokens, toks)
         saved = self.states.get(job.npc_id)
-        from_saved = saved is not None and _common(list(saved.input_ids[: saved.n_tokens]), toks) > n
-        donor: Slot | None = None
+        saved_ids = [int(t) for t in saved.input_ids[: saved.n_tokens]] if saved is not None else []
+        k = _common(saved_ids, toks)
+        from_saved = k > n
         if from_saved:
-            assert saved is not None
-            n = _common(list(saved.input_ids[: saved.n_tokens]), toks)
+            n = k
+        donor: Slot | None = None
         for s in self.slots:
             if s is not slot and s.tokens and (k := _common(s.tokens, toks)) > n:
                 n, donor, from_saved = k, s, False
@@ -327,7 +328,7 @@ class Scheduler:
                 llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
                 n, slot.tokens = 0, []
             else:
-                slot.tokens = [int(t) for t in saved.input_ids[: saved.n_tokens]]
+                slot.tokens = saved_ids
         elif donor is not None:
             llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
             llama_cpp.llama_memory_seq_cp(self.mem, donor.seq, slot.seq, 0, n)
