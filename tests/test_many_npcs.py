@@ -41,6 +41,23 @@ async def finish(p: Proc) -> None:
         assert await p.process.wait() == 0
 
 
+async def respond_at_once(c: Client, asks: dict[str, dict[str, Any]], tag: str) -> dict[str, str]:
+    """Sends every NPC's ``npc/respond`` in one write (the bridge reads them at the same
+    moment) and returns each NPC's turn id."""
+    await c.send_raw(b"".join(json.dumps({"jsonrpc": "2.0", "id": f"{tag}-{npc}", "method": "npc/respond",
+                                          "params": {"npcId": npc, **ask}}).encode() + b"\n" for npc, ask in asks.items()))
+    turns: dict[str, str] = {}
+    with trio.fail_after(30):
+        while len(turns) < len(asks):
+            changed = c._changed
+            for r in c.responses:
+                if isinstance(r, dict) and str(r.get("id", "")).startswith(f"{tag}-"):
+                    turns[r["id"][len(tag) + 1:]] = r["result"]["turnId"]
+            if len(turns) < len(asks):
+                await changed.wait()
+    return turns
+
+
 def texts(c: Client, turn_id: str) -> list[str]:
     return [e["params"]["delta"] for e in c.turn_events(turn_id) if e["method"] == "turn/textDelta"]
 
@@ -70,18 +87,7 @@ async def six_npcs_at_once(p: Proc, engine: str) -> dict[str, float]:
         "maid": {"prompt": "Good morning! How is the hall today?"},
         "smith": {"prompt": "What are you forging today?"},
     }
-    # one write: the bridge reads the six requests at the same moment
-    await c.send_raw(b"".join(json.dumps({"jsonrpc": "2.0", "id": f"many-{npc}", "method": "npc/respond",
-                                          "params": {"npcId": npc, **ask}}).encode() + b"\n" for npc, ask in asks.items()))
-    turns: dict[str, str] = {}
-    with trio.fail_after(30):
-        while len(turns) < len(asks):
-            changed = c._changed
-            for r in c.responses:
-                if isinstance(r, dict) and str(r.get("id", "")).startswith("many-"):
-                    turns[r["id"][5:]] = r["result"]["turnId"]
-            if len(turns) < len(asks):
-                await changed.wait()
+    turns = await respond_at_once(c, asks, "many")
     first: dict[str, float] = {}
     t0 = trio.current_time()
     sending = trio.Lock()  # the test client writes one request at a time
@@ -232,18 +238,7 @@ async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancel
         for i, npc in enumerate(ids):
             await c.call("npc/create", {"npcId": npc, "engine": "llama", "instructions": f"You are villager {i}. {story}",
                                         "options": {"temperature": 0, "maxTokens": 48}})
-        await c.send_raw(b"".join(json.dumps({"jsonrpc": "2.0", "id": f"w-{npc}", "method": "npc/respond",
-                                              "params": {"npcId": npc, "prompt": "Tell me about the river."}}).encode() + b"\n"
-                                  for npc in ids))
-        turns: dict[str, str] = {}
-        with trio.fail_after(30):
-            while len(turns) < len(ids):
-                changed = c._changed
-                for r in c.responses:
-                    if isinstance(r, dict) and str(r.get("id", "")).startswith("w-"):
-                        turns[r["id"][2:]] = r["result"]["turnId"]
-                if len(turns) < len(ids):
-                    await changed.wait()
+        turns = await respond_at_once(c, {npc: {"prompt": "Tell me about the river."} for npc in ids}, "w")
         # the last NPC cannot have a place yet: two run, the others wait
         assert (await c.call("npc/cancel", {"npcId": "v4"}))["cancelled"] == [turns["v4"]]
         with trio.fail_after(240):

@@ -139,7 +139,6 @@ class Scheduler:
         self._closing = False
         self._waiting: deque[Job] = deque()  # submitted, not admitted (scheduler thread only)
         self._active: list[Job] = []  # admitted, in admission order
-        self.passes = 0  # decodes run, for tests and benches
         self.batched = 0  # decodes that held more than one NPC's tokens
         self.shared_tokens = 0  # prompt tokens taken from another NPC's slot
         self._thread = threading.Thread(target=self._run, name="oam-llama-batch", daemon=True)
@@ -411,7 +410,6 @@ class Scheduler:
         if not rows:
             return
         rc = llama_cpp.llama_decode(self.ctx.ctx, b)
-        self.passes += 1
         self.batched += len(rows) > 1
         if rc != 0:
             self._decode_failed(rc, rows)

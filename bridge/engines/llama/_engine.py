@@ -158,7 +158,7 @@ class LlamaEngine:
                     self._counting.wait()
                 self._counts.clear()
             if self._llm is not None:
-                self._gen.close()  # waits for the step that holds the context
+                self._gen.close()  # ends the scheduler; steps still running fail model_unavailable
                 self._llm = None
 
         await trio.to_thread.run_sync(close)

@@ -1,14 +1,14 @@
-"""Saved llama.cpp contexts, one per NPC, so a returning NPC skips re-reading its prompt.
+"""Saved KV sequences, one per NPC, so a returning NPC skips re-reading its prompt.
 
-One model context is shared by every NPC on the model. When another NPC's step needs the
-context, the resident NPC's KV state is saved here; when it returns, the saved state is
-loaded back if it shares a longer token prefix with the new prompt than what is resident.
-The cache is bounded in bytes; the least recently saved states go first.
+The batch scheduler (``_batch``) keeps each NPC's tokens in its slot of the shared context.
+When a slot's cells are needed by another NPC, the resident NPC's sequence is saved here
+(``llama_state_seq_get_data``); when it returns, the saved state is loaded back if it shares
+a longer token prefix with the new prompt than anything resident. The cache is bounded in
+bytes; the least recently saved states go first.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -23,27 +23,6 @@ class SavedState:
     @property
     def size(self) -> int:
         return len(self.data)
-
-
-def save_state(llm: Any) -> SavedState:
-    """Like ``Llama.save_state`` but without copying the logits matrix (never used here)."""
-    import llama_cpp
-
-    size = llama_cpp.llama_state_get_size(llm._ctx.ctx)
-    buf = (ctypes.c_uint8 * int(size))()
-    n = llama_cpp.llama_state_get_data(llm._ctx.ctx, buf, size)
-    return SavedState(llm.input_ids[: llm.n_tokens].copy(), llm.n_tokens, bytes(buf)[: int(n)])
-
-
-def load_state(llm: Any, st: SavedState) -> None:
-    import llama_cpp
-
-    arr = (ctypes.c_uint8 * st.size).from_buffer_copy(st.data)
-    if llama_cpp.llama_state_set_data(llm._ctx.ctx, arr, st.size) != st.size:
-        raise RuntimeError("failed to restore llama state")
-    llm.input_ids[: st.n_tokens] = st.input_ids
-    llm.n_tokens = st.n_tokens
-    llm._requires_eval = True
 
 
 class StateCache:
