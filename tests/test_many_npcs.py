@@ -225,6 +225,34 @@ async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:
     assert sched.shared_tokens - shared == second.usage.cached_tokens
 
 
+async def test_npcs_asking_at_once_read_their_shared_lore_once(engine: llama.LlamaEngine) -> None:
+    # A town's NPCs share the town's lore and ask at the same moment: all are admitted before
+    # any has read it, and only the first reads it; the others take its cells when their turn
+    # to read comes (a lore no slot holds yet: no earlier test used it)
+    lore = ("The harbour town of Skell faces the cold sea. Its fish market, its lighthouse and its rope walk "
+            "are busy from dawn, and the gulls steal what they can. ") * 6  # longer than a prompt chunk
+    sched = engine._gen.scheduler
+    shared = sched.shared_tokens
+    usage: dict[str, Any] = {}
+
+    async def one(npc: str) -> None:
+        req = StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
+                          tools=[], tool_mode="auto", schema=None, options=GenerationOptions(temperature=0, max_tokens=4),
+                          step_index=0)
+        usage[npc] = (await say(engine, req))[1].usage
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            for npc in ("Anna", "Bert", "Carl", "Dora"):
+                n.start_soon(one, npc)
+    by_cached = sorted(usage.values(), key=lambda u: u.cached_tokens)
+    assert by_cached[0].cached_tokens < 8, by_cached  # the one that read the lore
+    # the others read only their own name and the question (about 20 tokens), not the lore's
+    # ~200, nor what was left of it once the first NPC had read a chunk
+    assert all(u.input_tokens - u.cached_tokens < 32 for u in by_cached[1:]), by_cached
+    assert sched.shared_tokens - shared >= sum(u.cached_tokens for u in by_cached[1:])
+
+
 async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancelled() -> None:
     # Two places and 768 KV cells for five NPCs whose prompts and answers need ~250 cells
     # each: the scheduler admits what fits, the rest wait (a waiting turn cancelled leaves

@@ -21,7 +21,8 @@ Where a step's prompt starts:
 - the NPC's saved state (``StateCache``), written when its slot was given to another NPC;
 - any resident slot that shares a longer prefix (the same instructions, lore or rules):
   ``llama_memory_seq_cp`` shares those cells (unified KV), so NPCs whose prompts start
-  alike read the common text once.
+  alike read the common text once. Looked for again when the step reads its first chunk
+  (``_share_late``): NPCs admitted together have read their prompts by then, oldest first.
 
 KV cells are admitted, not fought over: a step starts when its prompt and its longest
 answer fit beside the running steps, giving idle slots' cells back (their state saved) as
@@ -62,7 +63,7 @@ class Job:
     ``result``/``error`` are set once, then ``done`` is set."""
 
     __slots__ = ("npc_id", "tokens", "stop", "keep_last", "step", "reserve", "slot", "pending", "cached",
-                 "next", "generating", "result", "error", "done", "admitted")
+                 "shared", "reading", "next", "generating", "result", "error", "done", "admitted")
 
     def __init__(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool,
                  step: Step | None, reserve: int) -> None:
@@ -72,6 +73,8 @@ class Job:
         self.slot: Slot | None = None
         self.pending: list[int] = []  # prompt tokens not read yet
         self.cached = 0  # prompt tokens reused from a slot or a saved state
+        self.shared = 0  # of those, tokens copied from another NPC's slot
+        self.reading = False  # its first prompt chunk has been decoded
         self.next: int | None = None  # the generated token to evaluate in the next pass
         self.generating = False
         self.result: Any = None
@@ -329,10 +332,8 @@ class Scheduler:
             else:
                 slot.tokens = saved_ids
         elif donor is not None:
-            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-            llama_cpp.llama_memory_seq_cp(self.mem, donor.seq, slot.seq, 0, n)
-            slot.tokens = donor.tokens[:n]
-            self.shared_tokens += n
+            self._copy(donor, slot, n)
+            job.shared = n
         if job.keep_last:  # the last token is read again: its logits start the sampling
             n = min(n, len(toks) - 1)
         if n < len(slot.tokens):
@@ -347,6 +348,36 @@ class Scheduler:
         if not job.pending:  # a prewarm whose prompt is all there
             self._complete_prompt(job, -1)
         return True
+
+    def _copy(self, donor: Slot, slot: Slot, n: int) -> None:
+        """``slot`` holds the first ``n`` tokens of ``donor`` (cells shared, not copied)."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self.mem, donor.seq, slot.seq, 0, n)
+        slot.tokens = donor.tokens[:n]
+        self.shared_tokens += n
+
+    def _share_late(self, job: Job) -> None:
+        """Before a job reads its first chunk: the NPCs admitted with it and ahead of it have
+        read their prompts since, so one that starts alike (the same lore, rules or
+        instructions) gives its cells; NPCs asking at the same moment read the common text
+        once. Prompts are read oldest first, so waiting for it costs the job nothing."""
+        slot = job.slot
+        assert slot is not None
+        toks = job.tokens
+        limit = len(toks) - 1 if job.keep_last else len(toks)
+        n, donor = len(slot.tokens), None
+        for s in self.slots:
+            if s is not slot and s.tokens and (k := min(_common(s.tokens, toks), limit)) > n:
+                n, donor = k, s
+        if donor is None:
+            return
+        self.shared_tokens -= job.shared  # counted again in full by _copy
+        self._copy(donor, slot, n)
+        job.shared = n
+        job.cached = n
+        job.pending = toks[n:]
 
     def _complete_prompt(self, job: Job, idx: int) -> None:
         """The prompt is read: a prewarm ends; a step samples its first token."""
@@ -389,6 +420,9 @@ class Scheduler:
             else:
                 if budget <= 0:
                     continue
+                if not job.reading:
+                    job.reading = True
+                    self._share_late(job)
                 toks = job.pending[:budget]
                 # a prompt that ends in this pass ends the pass's reading: its first token
                 # is not kept waiting for the start of the next NPC's prompt (measured with
