@@ -253,6 +253,39 @@ async def test_npcs_asking_at_once_read_their_shared_lore_once(engine: llama.Lla
     assert sched.shared_tokens - shared >= sum(u.cached_tokens for u in by_cached[1:])
 
 
+async def test_a_shared_prefix_takes_its_cells_once() -> None:
+    # 1024 cells: the elder's ~330-token prompt (the lore) and four NPCs whose prompts start
+    # with the same lore fit together only if the lore's cells are counted once; counted per
+    # NPC, the elder's place would be given up (its state saved) and the last NPC would wait
+    lore = ("The mountain town of Grall sits above the silver mines. Its smelter, its chapel and its market "
+            "hall are crowded on feast days, and the miners sing on their way home. ") * 9
+    engine = llama.LlamaEngine(n_ctx=1024, n_parallel=5)
+    sched = engine._gen.scheduler
+    try:
+        def villager(npc: str) -> StepRequest:
+            return StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
+                               tools=[], tool_mode="auto", schema=None,
+                               options=GenerationOptions(temperature=0, max_tokens=4), step_index=0)
+
+        _, elder = await say(engine, villager("Elder"))
+        assert elder.usage.input_tokens > 300
+        usage: dict[str, Any] = {}
+
+        async def one(npc: str) -> None:
+            usage[npc] = (await say(engine, villager(npc)))[1].usage
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as n:
+                for npc in ("Anna", "Bert", "Carl", "Dora"):
+                    n.start_soon(one, npc)
+        assert all(u.cached_tokens > 300 for u in usage.values()), usage
+        # the elder kept its place: nothing was evicted for the four
+        assert any(s.npc == "Elder" and len(s.tokens) >= elder.usage.input_tokens for s in sched.slots)
+        assert engine._gen.states.get("Elder") is None
+    finally:
+        await engine.aclose()
+
+
 async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancelled() -> None:
     # Two places and 768 KV cells for five NPCs whose prompts and answers need ~250 cells
     # each: the scheduler admits what fits, the rest wait (a waiting turn cancelled leaves

@@ -92,7 +92,7 @@ class Job:
 class Slot:
     """A KV sequence: the NPC whose tokens it holds and the job running on it."""
 
-    __slots__ = ("seq", "npc", "tokens", "job", "used")
+    __slots__ = ("seq", "npc", "tokens", "job", "used", "epoch", "lent")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -100,6 +100,20 @@ class Slot:
         self.tokens: list[int] = []  # what the sequence holds, positions 0..len-1
         self.job: Job | None = None
         self.used = 0.0  # when its last job ended: the least recently used idle slot goes first
+        # cells shared with another slot: (donor, the donor's epoch then, tokens); the epoch
+        # changes whenever cells leave the sequence, which ends what it lent
+        self.epoch = 0
+        self.lent: tuple[Slot, int, int] | None = None
+
+    def shared(self, gone: Slot | None = None) -> int:
+        """Of its tokens, those whose cells the donor holds too (counted there), unless the
+        donor is ``gone``."""
+        if self.lent is None:
+            return 0
+        donor, epoch, n = self.lent
+        if donor is gone or donor.epoch != epoch:
+            return 0
+        return min(n, len(self.tokens), len(donor.tokens))
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -241,13 +255,35 @@ class Scheduler:
             if s.npc == npc and s.job is None:
                 s.npc = None
 
-    def _cells_used(self) -> int:
+    def _cells_used(self, gone: Slot | None = None) -> int:
+        """KV cells the slots hold (a shared prefix once) and their running jobs may still
+        take; ``gone``'s tokens not counted (the slot a job is about to take)."""
         used = 0
         for s in self.slots:
-            used += len(s.tokens)
+            if s is not gone:
+                used += len(s.tokens) - s.shared(gone)
             if s.job is not None:
                 used += len(s.job.pending) + s.job.reserve
         return used
+
+    def _clear(self, s: Slot) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_rm(self.mem, s.seq, -1, -1)
+        s.tokens, s.lent = [], None
+        s.epoch += 1
+
+    def _truncate(self, s: Slot, n: int) -> None:
+        """Keeps the slot's first ``n`` tokens (all gone if llama.cpp cannot cut there)."""
+        import llama_cpp
+
+        if n >= len(s.tokens):
+            return
+        if not llama_cpp.llama_memory_seq_rm(self.mem, s.seq, n, -1):
+            self._clear(s)
+            return
+        s.tokens = s.tokens[:n]
+        s.epoch += 1
 
     def _evict(self, s: Slot) -> None:
         """Gives an idle slot's cells back, its NPC's state saved for its return."""
@@ -255,8 +291,8 @@ class Scheduler:
 
         if s.npc is not None and s.tokens:
             self.states.put(s.npc, self._save(s))
-        llama_cpp.llama_memory_seq_rm(self.mem, s.seq, -1, -1)
-        s.npc, s.tokens = None, []
+        self._clear(s)
+        s.npc = None
 
     def _save(self, s: Slot) -> SavedState:
         import llama_cpp
@@ -288,7 +324,6 @@ class Scheduler:
         own = next((s for s in self.slots if s.npc == job.npc_id), None)
         if own is not None and own.job is not None:
             return False  # the NPC's previous job has not left its slot yet
-        need = len(job.tokens) + job.reserve
         idle = sorted((s for s in self.slots if s.job is None and s is not own), key=lambda s: (s.npc is not None, s.used))
         slot = own
         if slot is None and idle:
@@ -298,49 +333,49 @@ class Scheduler:
             idle.remove(slot)
         if slot is None:
             return False
+        toks = job.tokens
+        # where the prompt starts: the slot's own tokens (unless they are another NPC's), the
+        # NPC's saved state, or another slot with a longer common start (its cells are shared)
+        mine = _common(slot.tokens, toks) if slot.npc in (None, job.npc_id) else 0
+        saved = self.states.get(job.npc_id)
+        saved_ids = [int(t) for t in saved.input_ids[: saved.n_tokens]] if saved is not None else []
+        from_saved = _common(saved_ids, toks)
+        donor = max((s for s in self.slots if s is not slot and s.tokens), key=lambda s: _common(s.tokens, toks),
+                    default=None)
+        lent = _common(donor.tokens, toks) if donor is not None else 0
+        if donor is not None and lent > max(mine, from_saved):
+            if donor in idle:
+                idle.remove(donor)  # it keeps its place: what it lends is not new cells
+        else:
+            donor, lent = None, 0
         # cells: the job's prompt and answer beside what the others hold and may still need
-        free = self.n_ctx - self._cells_used() + len(slot.tokens)
+        need = len(toks) + job.reserve - lent
+        free = self.n_ctx - self._cells_used(slot)
         while free < need and idle:
-            victim = idle.pop(0)
-            free += len(victim.tokens)
-            self._evict(victim)
+            self._evict(idle.pop(0))
+            free = self.n_ctx - self._cells_used(slot)
         if free < need and any(s.job is not None for s in self.slots):
             return False
         if slot.npc is not None and slot.npc != job.npc_id:
             self._evict(slot)
         slot.npc, slot.job, job.slot = job.npc_id, job, slot
-        toks = job.tokens
-        # the longest prefix on offer: the slot itself, the NPC's saved state, another slot
-        n = _common(slot.tokens, toks)
-        saved = self.states.get(job.npc_id)
-        saved_ids = [int(t) for t in saved.input_ids[: saved.n_tokens]] if saved is not None else []
-        k = _common(saved_ids, toks)
-        from_saved = k > n
-        if from_saved:
-            n = k
-        donor: Slot | None = None
-        for s in self.slots:
-            if s is not slot and s.tokens and (k := _common(s.tokens, toks)) > n:
-                n, donor, from_saved = k, s, False
-        if from_saved:
+        n = mine
+        if donor is not None:
+            self._copy(donor, slot, lent)
+            job.shared = n = lent
+        elif from_saved > mine:
             assert saved is not None
-            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+            self._clear(slot)
             arr = (ctypes.c_uint8 * saved.size).from_buffer_copy(saved.data)
             if llama_cpp.llama_state_seq_set_data(self.ctx.ctx, arr, saved.size, slot.seq) != saved.size:
-                llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-                n, slot.tokens = 0, []
+                self._clear(slot)
+                n = 0
             else:
-                slot.tokens = saved_ids
-        elif donor is not None:
-            self._copy(donor, slot, n)
-            job.shared = n
+                slot.tokens, n = saved_ids, from_saved
         if job.keep_last:  # the last token is read again: its logits start the sampling
             n = min(n, len(toks) - 1)
-        if n < len(slot.tokens):
-            if not llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, n, -1):
-                llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-                n = 0
-            slot.tokens = slot.tokens[:n]
+        self._truncate(slot, n)
+        n = min(n, len(slot.tokens))
         job.cached = n
         job.pending = toks[n:]
         job.admitted = time.monotonic()
@@ -353,9 +388,10 @@ class Scheduler:
         """``slot`` holds the first ``n`` tokens of ``donor`` (cells shared, not copied)."""
         import llama_cpp
 
-        llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        self._clear(slot)
         llama_cpp.llama_memory_seq_cp(self.mem, donor.seq, slot.seq, 0, n)
         slot.tokens = donor.tokens[:n]
+        slot.lent = (donor, donor.epoch, n)
         self.shared_tokens += n
 
     def _share_late(self, job: Job) -> None:
@@ -484,8 +520,8 @@ class Scheduler:
 
         slot = job.slot
         if slot is not None:  # what the sequence holds past the known tokens is uncertain
-            llama_cpp.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
-            slot.npc, slot.tokens = None, []
+            self._clear(slot)
+            slot.npc = None
         if job in self._active:
             self._active.remove(job)
         self._finish(job, error=err)
