@@ -43,7 +43,12 @@ reused. Building needs cmake and a C++ compiler (``apt-get install -y cmake g++`
 access to PyPI for the sdist. This bench is not part of ``make test``.
 
 Usage: python bench/bench_batch.py [--n 1,4,8] [--tokens 64] [--repeat 3] [--threads T]
-       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--quick]
+       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--quick] [--lore]
+
+``--lore``: every NPC's instructions start with the same ~300 tokens of town lore (the
+game's world, as a town's NPCs share it). The bridge reads it once per round and the other
+NPCs share its KV cells; llama-server reads it once per NPC. Give ``--ctx 4096``: the
+bridge admits each NPC's whole prompt and answer into --llama-ctx's shared cells.
 """
 
 from __future__ import annotations
@@ -100,13 +105,28 @@ PERSONAS = [
 ]
 
 
+# --lore: the town's lore, the same for every NPC (about 300 tokens), before each persona
+LORE = ("Eldmoor is a walled town of four thousand souls in the valley of the grey river, three days north of "
+        "the capital. Its castle stands on the hill above the market square, where the Gilded Flagon, the temple "
+        "of the dawn and the guild hall face each other. The north road brings caravans of wool, salt and iron; "
+        "the river brings barges of grain and timber. Baron Aldric rules the town from the castle, his steward "
+        "Wendel collects the taxes on market days, and Captain Roswitha commands the forty guards of the walls. "
+        "This spring the harvest was poor, bread costs twice what it did, and people blame the miller. Bandits "
+        "were seen on the north road last month, so caravans now travel together with hired swords. A fever "
+        "came with the barges in the winter and the temple's healers still tend the sick. The old dragon of the "
+        "Ashen Peaks has not been seen for forty years, but shepherds speak of smoke on the mountain again. "
+        "Travellers pay two copper coins at the gate, a room at the Flagon costs five, and a sword from the "
+        "smithy costs three gold crowns. Everyone in Eldmoor knows these things and speaks of them freely. ")
+lore = False
+
+
 def npc_prompt(i: int, rnd: int) -> tuple[str, str]:
     """NPC ``i``'s instructions and question in round ``rnd`` (the round first: no side has
-    the prompt cached from an earlier round)."""
+    the prompt cached from an earlier round; with ``--lore`` the town's lore follows it)."""
     name, who, knows, question = PERSONAS[i % len(PERSONAS)]
     if i >= len(PERSONAS):
         name = f"{name} the {i // len(PERSONAS) + 1}th"
-    return (f"Day {rnd}. You are {name}, {who}. {knows}. Stay in character and speak as {name} would, in plain "
+    return (f"Day {rnd}. {LORE if lore else ''}You are {name}, {who}. {knows}. Stay in character and speak as {name} would, in plain "
             f"spoken words. Give long, detailed answers that name many things, and never break character or "
             f"mention being an AI."), question
 
@@ -421,7 +441,11 @@ def main() -> None:
     ap.add_argument("--server-tb", type=int, default=0,
                     help="llama-server's -tb: prompts and batches of several NPCs (default: every core)")
     ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
+    ap.add_argument("--lore", action="store_true",
+                    help="every NPC's instructions start with the same town lore (~300 tokens): the shared prefix")
     args = ap.parse_args()
+    global lore
+    lore = args.lore
     if args.quick:
         args.n, args.repeat = "1,4", 1
     ns = [int(x) for x in args.n.split(",")]
@@ -438,7 +462,7 @@ def main() -> None:
           f"prompt threads {cores} (bridge: all cores), llama-server -tb {server_tb} (prompts and multi-NPC batches); context {args.ctx} per NPC; "
           f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
           f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
-          f"medians of {args.repeat}", flush=True)
+          f"medians of {args.repeat}{'; every NPC starts with the same town lore (--lore)' if lore else ''}", flush=True)
 
     worktree = None
     bridges = {"bridge": Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)])}

@@ -26,7 +26,8 @@ Where a step's prompt starts:
 
 KV cells are admitted, not fought over: a step starts when its prompt and its longest
 answer fit beside the running steps, giving idle slots' cells back (their state saved) as
-needed; otherwise it waits for a running step to end.
+needed; otherwise it waits for a running step to end. Cells a slot shares with the slot it
+copied them from count once (``Slot.lent``), and that slot is not evicted to make room.
 """
 
 from __future__ import annotations
