@@ -45,10 +45,9 @@ access to PyPI for the sdist. This bench is not part of ``make test``.
 Usage: python bench/bench_batch.py [--n 1,4,8] [--tokens 64] [--repeat 3] [--threads T]
        [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--quick] [--lore]
 
-``--lore``: every NPC's instructions start with the same ~300 tokens of town lore (the
+``--lore``: every NPC's instructions start with the same ~250 tokens of town lore (the
 game's world, as a town's NPCs share it). The bridge reads it once per round and the other
-NPCs share its KV cells; llama-server reads it once per NPC. Give ``--ctx 4096``: the
-bridge admits each NPC's whole prompt and answer into --llama-ctx's shared cells.
+NPCs share its KV cells (counted once in --llama-ctx); llama-server reads it once per NPC.
 """
 
 from __future__ import annotations
@@ -105,7 +104,7 @@ PERSONAS = [
 ]
 
 
-# --lore: the town's lore, the same for every NPC (about 300 tokens), before each persona
+# --lore: the town's lore, the same for every NPC (about 250 tokens), before each persona
 LORE = ("Eldmoor is a walled town of four thousand souls in the valley of the grey river, three days north of "
         "the capital. Its castle stands on the hill above the market square, where the Gilded Flagon, the temple "
         "of the dawn and the guild hall face each other. The north road brings caravans of wool, salt and iron; "
@@ -442,7 +441,7 @@ def main() -> None:
                     help="llama-server's -tb: prompts and batches of several NPCs (default: every core)")
     ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
     ap.add_argument("--lore", action="store_true",
-                    help="every NPC's instructions start with the same town lore (~300 tokens): the shared prefix")
+                    help="every NPC's instructions start with the same town lore (~250 tokens): the shared prefix")
     args = ap.parse_args()
     global lore
     lore = args.lore

@@ -64,7 +64,7 @@ class Job:
     ``result``/``error`` are set once, then ``done`` is set."""
 
     __slots__ = ("npc_id", "tokens", "stop", "keep_last", "step", "reserve", "slot", "pending", "cached",
-                 "shared", "reading", "next", "generating", "result", "error", "done", "admitted")
+                 "shared", "next", "generating", "result", "error", "done", "admitted")
 
     def __init__(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool,
                  step: Step | None, reserve: int) -> None:
@@ -75,7 +75,6 @@ class Job:
         self.pending: list[int] = []  # prompt tokens not read yet
         self.cached = 0  # prompt tokens reused from a slot or a saved state
         self.shared = 0  # of those, tokens copied from another NPC's slot
-        self.reading = False  # its first prompt chunk has been decoded
         self.next: int | None = None  # the generated token to evaluate in the next pass
         self.generating = False
         self.result: Any = None
@@ -288,8 +287,6 @@ class Scheduler:
 
     def _evict(self, s: Slot) -> None:
         """Gives an idle slot's cells back, its NPC's state saved for its return."""
-        import llama_cpp
-
         if s.npc is not None and s.tokens:
             self.states.put(s.npc, self._save(s))
         self._clear(s)
@@ -341,9 +338,7 @@ class Scheduler:
         saved = self.states.get(job.npc_id)
         saved_ids = [int(t) for t in saved.input_ids[: saved.n_tokens]] if saved is not None else []
         from_saved = _common(saved_ids, toks)
-        donor = max((s for s in self.slots if s is not slot and s.tokens), key=lambda s: _common(s.tokens, toks),
-                    default=None)
-        lent = _common(donor.tokens, toks) if donor is not None else 0
+        donor, lent = self._lender(slot, toks)
         if donor is not None and lent > max(mine, from_saved):
             if donor in idle:
                 idle.remove(donor)  # it keeps its place: what it lends is not new cells
@@ -385,6 +380,15 @@ class Scheduler:
             self._complete_prompt(job, -1)
         return True
 
+    def _lender(self, slot: Slot, toks: list[int]) -> tuple[Slot | None, int]:
+        """The other slot whose tokens share the longest start with ``toks``, and its length."""
+        best: Slot | None = None
+        n = 0
+        for s in self.slots:
+            if s is not slot and s.tokens and (k := _common(s.tokens, toks)) > n:
+                best, n = s, k
+        return best, n
+
     def _copy(self, donor: Slot, slot: Slot, n: int) -> None:
         """``slot`` holds the first ``n`` tokens of ``donor`` (cells shared, not copied)."""
         import llama_cpp
@@ -403,12 +407,10 @@ class Scheduler:
         slot = job.slot
         assert slot is not None
         toks = job.tokens
-        limit = len(toks) - 1 if job.keep_last else len(toks)
-        n, donor = len(slot.tokens), None
-        for s in self.slots:
-            if s is not slot and s.tokens and (k := min(_common(s.tokens, toks), limit)) > n:
-                n, donor = k, s
-        if donor is None:
+        donor, n = self._lender(slot, toks)
+        if job.keep_last:  # the last token is read again: its logits start the sampling
+            n = min(n, len(toks) - 1)
+        if donor is None or n <= len(slot.tokens):
             return
         self.shared_tokens -= job.shared  # counted again in full by _copy
         self._copy(donor, slot, n)
@@ -457,8 +459,7 @@ class Scheduler:
             else:
                 if budget <= 0:
                     continue
-                if not job.reading:
-                    job.reading = True
+                if len(slot.tokens) == job.cached:  # nothing read yet
                     self._share_late(job)
                 toks = job.pending[:budget]
                 # a prompt that ends in this pass ends the pass's reading: its first token
@@ -517,8 +518,6 @@ class Scheduler:
             self._fail(job, BridgeError("generation_failed", f"llama_decode failed ({rc})"))
 
     def _fail(self, job: Job, err: BaseException) -> None:
-        import llama_cpp
-
         slot = job.slot
         if slot is not None:  # what the sequence holds past the known tokens is uncertain
             self._clear(slot)
