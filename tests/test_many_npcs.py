@@ -207,6 +207,49 @@ async def test_batched_steps_say_what_each_says_alone(engine: llama.LlamaEngine)
     assert sum(together[n] == alone[n] for n in LINES) >= len(LINES) // 2, (together, alone)
 
 
+async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama.LlamaEngine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # One NPC speaks while another's long prompt is read: its token goes in a decode of its
+    # own, not beside the prompt's rows (llama.cpp's flash attention would then read every
+    # NPC's cells for the prompt rows in the same tile: measured slower, see _batch._decode)
+    import llama_cpp
+
+    batches: list[dict[int, int]] = []  # per decode: rows per sequence
+    decode = llama_cpp.llama_decode
+
+    def recording(ctx: Any, batch: Any) -> int:
+        rows: dict[int, int] = {}
+        for i in range(batch.n_tokens):
+            rows[batch.seq_id[i][0]] = rows.get(batch.seq_id[i][0], 0) + 1
+        batches.append(rows)
+        return int(decode(ctx, batch))
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recording)
+    speaking = trio.Event()
+    long_prompt = "Listen well, for this is the whole history of the valley and its mills. " * 30
+
+    async def storyteller() -> None:
+        async for c in engine.stream_step(ask("Ulla", "Tell me the longest tale of the valley.", max_tokens=200)):
+            if isinstance(c, TextChunk):
+                speaking.set()
+
+    async def listener() -> None:
+        await speaking.wait()
+        await say(engine, ask("Veit", long_prompt, max_tokens=4))
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            n.start_soon(storyteller)
+            n.start_soon(listener)
+    reading = [i for i, b in enumerate(batches) if any(k > 1 for k in b.values())]
+    assert len(reading) >= 3, batches  # the long prompt took several passes
+    # the storyteller spoke while the prompt was being read ...
+    assert any(len(batches[i]) == 1 and set(batches[i]) != set(batches[reading[1]])
+               for i in range(reading[0], reading[-1])), batches
+    # ... and never in the same decode as the prompt's rows
+    assert all(len(batches[i]) == 1 for i in reading), [batches[i] for i in reading]
+
+
 async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:
     lore = ("The village of Tarn lies in a valley under the Grey Peaks. Its mill, its bridge and its bakery "
             "are old, and everyone knows everyone. ") * 4
