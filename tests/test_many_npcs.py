@@ -160,6 +160,13 @@ def engine():  # type: ignore[no-untyped-def]
     trio.run(e.aclose)
 
 
+def villager(lore: str, npc: str) -> StepRequest:
+    """A short greeting to an NPC whose instructions start with ``lore``."""
+    return StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
+                       tools=[], tool_mode="auto", schema=None, options=GenerationOptions(temperature=0, max_tokens=4),
+                       step_index=0)
+
+
 def ask(npc: str, line: str, max_tokens: int = 24, npc_id: str | None = None) -> StepRequest:
     return StepRequest(npc_id=npc_id or npc, instructions=f"You are {npc}, who lives in the village of Tarn.",
                        messages=[Message("user", line)], tools=[], tool_mode="auto", schema=None,
@@ -255,13 +262,9 @@ async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:
             "are old, and everyone knows everyone. ") * 4
     sched = engine._gen.scheduler
 
-    def villager(npc: str) -> StepRequest:
-        return StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
-                           tools=[], tool_mode="auto", schema=None, options=GenerationOptions(temperature=0, max_tokens=4), step_index=0)
-
-    _, first = await say(engine, villager("Elsa"))
+    _, first = await say(engine, villager(lore, "Elsa"))
     shared = sched.shared_tokens
-    _, second = await say(engine, villager("Fritz"))
+    _, second = await say(engine, villager(lore, "Fritz"))
     assert first.usage.cached_tokens < 8  # at most the chat template's opening, from another NPC
     # Fritz's prompt starts like Elsa's: the lore's tokens come from her sequence, not a new read
     assert second.usage.cached_tokens > 100
@@ -279,10 +282,7 @@ async def test_npcs_asking_at_once_read_their_shared_lore_once(engine: llama.Lla
     usage: dict[str, Any] = {}
 
     async def one(npc: str) -> None:
-        req = StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
-                          tools=[], tool_mode="auto", schema=None, options=GenerationOptions(temperature=0, max_tokens=4),
-                          step_index=0)
-        usage[npc] = (await say(engine, req))[1].usage
+        usage[npc] = (await say(engine, villager(lore, npc)))[1].usage
 
     with trio.fail_after(120):
         async with trio.open_nursery() as n:
@@ -305,17 +305,12 @@ async def test_a_shared_prefix_takes_its_cells_once() -> None:
     engine = llama.LlamaEngine(n_ctx=1024, n_parallel=5)
     sched = engine._gen.scheduler
     try:
-        def villager(npc: str) -> StepRequest:
-            return StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
-                               tools=[], tool_mode="auto", schema=None,
-                               options=GenerationOptions(temperature=0, max_tokens=4), step_index=0)
-
-        _, elder = await say(engine, villager("Elder"))
+        _, elder = await say(engine, villager(lore, "Elder"))
         assert elder.usage.input_tokens > 300
         usage: dict[str, Any] = {}
 
         async def one(npc: str) -> None:
-            usage[npc] = (await say(engine, villager(npc)))[1].usage
+            usage[npc] = (await say(engine, villager(lore, npc)))[1].usage
 
         with trio.fail_after(120):
             async with trio.open_nursery() as n:

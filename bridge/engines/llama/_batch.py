@@ -9,9 +9,9 @@ new line. Each pass of the scheduler decodes
 - the last token of every step that is generating (one token each, with logits), in one
   batch, and hands each step the logits of its row (``Job.choose``: each step has its own
   sampler chain and grammar); then
-- up to ``prefill_chunk`` tokens of the prompts still being read, oldest step first
-  (a prompt that ends in the pass ends the reading: that NPC's first token comes first),
-  in a batch of their own (``_decode`` says why). A new step joins at the next pass; a long
+- up to ``prefill_chunk`` tokens of the oldest prompt still being read (a prompt that
+  ends in the pass ends the reading: that NPC's first token comes first), in a batch of
+  their own (``_decode`` says why). A new step joins at the next pass; a long
 prompt is read a chunk per pass while the others keep streaming; a cancelled step leaves
 at the next pass, keeping what it read.
 
@@ -457,26 +457,18 @@ class Scheduler:
             self._decode(reading)
 
     def _reading(self) -> list[tuple[Job, list[int]]]:
-        """Up to ``chunk`` tokens of the prompts still being read, oldest job first. A prompt
-        that ends in the pass ends the pass's reading: its first token is not kept waiting
-        for the start of the next NPC's prompt (measured with bench/bench_batch.py: a bigger
-        budget while several prompts wait made the first NPC's first word later and did not
-        lift the total within the noise)."""
-        out: list[tuple[Job, list[int]]] = []
-        budget = self.chunk
-        for job in self._active:
-            if job.generating:
-                continue
-            if budget <= 0:
-                break
-            slot = job.slot
-            assert slot is not None
-            if len(slot.tokens) == job.cached:  # nothing read yet
-                self._share_late(job)
-            toks = job.pending[:budget]
-            budget = 0 if len(toks) == len(job.pending) else budget - len(toks)
-            out.append((job, toks))
-        return out
+        """The next ``chunk`` tokens of the oldest prompt still being read (none if no job
+        reads). One prompt per pass: a prompt that ends in the pass ends the pass's reading,
+        so its first token is not kept waiting for the start of the next NPC's prompt
+        (measured with bench/bench_batch.py: a bigger budget while several prompts wait made
+        the first NPC's first word later and did not lift the total within the noise)."""
+        job = next((j for j in self._active if not j.generating), None)
+        if job is None:
+            return []
+        assert job.slot is not None
+        if len(job.slot.tokens) == job.cached:  # nothing read yet
+            self._share_late(job)
+        return [(job, job.pending[: self.chunk])]
 
     def _decode(self, work: list[tuple[Job, list[int]]]) -> bool:
         """Decodes each job's tokens at the end of its slot and moves the jobs on; False if
