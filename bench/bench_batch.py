@@ -172,6 +172,19 @@ def llama_server_binary() -> tuple[str, str]:
     return binary, version
 
 
+def add_worktree(rev: str) -> str:
+    """A git worktree of ``rev`` in a temporary folder (its ``bridge`` package runs on this
+    venv), for a baseline measured in the same run."""
+    path = tempfile.mkdtemp(prefix="oam-bench-")
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", path, rev], check=True)
+    return path
+
+
+def remove_worktree(path: str) -> None:
+    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -467,8 +480,7 @@ def main() -> None:
     bridges = {"bridge": Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)])}
     try:
         if args.baseline:
-            worktree = tempfile.mkdtemp(prefix="oam-bench-batch-")
-            subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", "-q", worktree, args.baseline], check=True)
+            worktree = add_worktree(args.baseline)
             bridges["baseline"] = Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
                                          root=worktree)
         for b in bridges.values():
@@ -510,8 +522,7 @@ def main() -> None:
         for b in bridges.values():
             b.close()
         if worktree is not None:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", worktree], check=False)
-            shutil.rmtree(worktree, ignore_errors=True)
+            remove_worktree(worktree)
 
 
 if __name__ == "__main__":

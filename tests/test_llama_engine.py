@@ -232,3 +232,93 @@ async def test_decisions_at_temperature_are_always_one_of_the_options(engine, sc
             assert list(value)[:2] == ["reasoning", "choice"], "the reason comes before the choice"
             choices.append(value["choice"])
     assert set(choices) <= set(OPTIONS)
+
+
+def test_a_steps_boosts_bans_and_repetition_penalty_are_llama_cpps_own(engine):
+    """Sampling applies the logit biases and the repetition penalty to the row of logits
+    itself (llama.cpp's penalties sampler looks up every one of the 49k candidates): the row
+    it leaves is, bit for bit, what llama.cpp's logit-bias and penalties samplers make of it,
+    with the window of the last PENALTY_LAST_N tokens moving as the step says more."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import _internals
+
+    from bridge.engines.llama import _worker
+    from bridge.engines.llama._worker import Sampling
+
+    gen = engine._gen
+    n = gen.n_vocab
+    rng = np.random.default_rng(7)
+    boost = {int(t): 3.0 for t in rng.integers(100, n, 3)}
+    # more than the window, with repeats, and tokens seen only early that must drop out
+    recent = [int(t) for t in rng.integers(100, 400, 90)] + list(boost)[:1]
+    step = Sampling(gen, [1, 2, 3], None, GenerationOptions(temperature=0), True, None, lambda item: None,
+                    boost, recent, False)
+    ref = _internals.LlamaSampler()
+    ref.add_logit_bias(n, {**boost, **{int(t): -float("inf") for t in gen._bans(True)}})
+    ref.add_penalties(n, _worker.PENALTY_LAST_N, _worker.REPEAT_PENALTY, 0.0, 0.0)
+    for t in recent:
+        ref.accept(t)
+    for said in [None, 150, 151, 150, *range(152, 220)]:
+        if said is not None:
+            step._seen(said)
+            ref.accept(said)
+        logits = rng.normal(0, 4, n).astype(np.float32)
+        ours = logits.copy()
+        step._adjust(ours.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+        data = (llama_cpp.llama_token_data * n)()
+        view = np.frombuffer(data, dtype=np.dtype([("id", np.intc), ("logit", np.float32), ("p", np.float32)]))
+        view["id"], view["logit"] = np.arange(n), logits
+        arr = llama_cpp.llama_token_data_array(data=data, size=n, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(ref.sampler, ctypes.byref(arr))
+        theirs = view["logit"].copy()
+        assert np.array_equal(ours, theirs)
+        assert (ours != logits).sum() > len(gen._bans(True))  # the penalty changed something
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("tools, schema", [([GIVE, WAVE], None), ([], {
+    "type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["serve", "refuse"]}},
+    "required": ["reasoning", "choice"]})])
+async def test_a_greedy_grammar_step_picks_what_masking_the_whole_vocabulary_first_picks(engine, monkeypatch, tools, schema):
+    """A grammar step lets the chain pick from the whole row and masks only when the grammar
+    refuses the pick, a slice of the best candidates first (``Sampling._pick``): greedy, that
+    is the token the grammar in the chain (every candidate masked, then the choice) gives."""
+    import ctypes
+
+    import llama_cpp
+
+    from bridge.engines.llama._worker import Sampling
+
+    def masked_first(self, row):
+        arr = self.gen.candidates(row, self.pre)
+        llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(arr))
+        llama_cpp.llama_sampler_apply(self.post.sampler, ctypes.byref(arr))
+        tok = int(arr.data[arr.selected].id)
+        for chain in (self.pre, self.post, self.rules):
+            chain.accept(tok)
+        return tok
+
+    steps = []
+    init = Sampling.__init__
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        steps.append(self)
+
+    monkeypatch.setattr(Sampling, "__init__", keep)
+    r = req(npc="pick", tools=tools, mode="required" if tools else "disallowed", schema=schema, max_tokens=60)
+
+    async def answer():
+        out = await collect(engine, r)
+        return ("".join(c.delta for c in out if isinstance(c, TextChunk)),
+                [[(call.name, call.arguments) for call in c.calls] for c in out if isinstance(c, ToolCallsChunk)])
+
+    ours = await answer()
+    monkeypatch.setattr(Sampling, "_pick", masked_first)
+    assert ours == await answer()
+    assert ours[0] or ours[1]
+    assert steps[0].rejected > 0  # the grammar refused picks: the retry ran
+    assert steps[0].checked > steps[0].rejected

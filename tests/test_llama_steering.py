@@ -135,7 +135,7 @@ async def test_named_choice_among_several_tools_calls_exactly_that_tool(bridge: 
 async def test_required_with_several_tools_and_budgets(bridge: Proc) -> None:
     # REQ llama-budget: maxToolRounds 1 => one round of calls, then a step without tools
     # that must answer in text; maxToolCalls 1 => calls past it get an error output.
-    await create(bridge, "keeper", TOOLS, seed=11)
+    await create(bridge, "keeper", TOOLS, seed=4)
     done, calls = await run_turn(bridge, "keeper", "Roll two six-sided dice and open the front door.", toolChoice="required", maxToolRounds=1, maxToolCalls=1)
     assert done["method"] == "turn/completed", done
     p = done["params"]
