@@ -365,3 +365,37 @@ async def test_a_forgotten_npcs_tokens_still_serve_a_prompt_that_starts_alike(en
     _, second = await say(engine, ask("Gunter", "Where is the well?", npc_id="req-2"))
     assert first.usage.input_tokens == second.usage.input_tokens
     assert second.usage.cached_tokens == second.usage.input_tokens - 1  # all but the last, re-read for its logits
+
+
+async def test_a_step_whose_sampling_fails_ends_alone(engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An exception in one NPC's sampling (the scheduler's thread) fails that step with
+    # generation_failed; the NPCs decoding beside it finish their lines and the engine serves on.
+    from bridge.engines.llama._worker import Sampling
+    from bridge.errors import BridgeError
+
+    choose = Sampling.choose
+
+    def broken(self: Sampling, ctx: Any, idx: int) -> int | None:
+        if self.limit == 7 and self.out >= 2:
+            raise RuntimeError("a sampler went wrong")
+        return choose(self, ctx, idx)
+
+    monkeypatch.setattr(Sampling, "choose", broken)
+    said: dict[str, str] = {}
+    failed: list[BridgeError] = []
+
+    async def one(npc: str, max_tokens: int) -> None:
+        try:
+            said[npc] = (await say(engine, ask(npc, LINES[npc], max_tokens=max_tokens, npc_id=npc + "-f")))[0]
+        except BridgeError as e:
+            failed.append(e)
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            n.start_soon(one, "Anna", 24)
+            n.start_soon(one, "Bert", 7)
+            n.start_soon(one, "Cora", 24)
+    assert [e.code for e in failed] == ["generation_failed"], failed
+    assert "a sampler went wrong" in str(failed[0])
+    assert set(said) == {"Anna", "Cora"} and all(said.values()), said
+    assert (await say(engine, ask("Dirk", LINES["Dirk"], npc_id="Dirk-f")))[0]

@@ -428,7 +428,14 @@ class Scheduler:
 
     def _advance(self, job: Job, idx: int) -> None:
         assert job.step is not None
-        tok = job.step.choose(self.ctx, idx)
+        try:
+            tok = job.step.choose(self.ctx, idx)
+        except Exception as e:  # noqa: BLE001 - one step's sampling fails that step alone
+            log.exception("sampling failed for %s", job.npc_id)
+            err = e if isinstance(e, BridgeError) else BridgeError(
+                "generation_failed", f"sampling failed: {type(e).__name__}: {e}")
+            self._fail(job, err)
+            return
         if tok is None:
             self._end(job, job.step.end())
         else:

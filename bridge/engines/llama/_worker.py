@@ -389,6 +389,9 @@ class Sampling:
                 arr = gen.candidates(row, self.pre)
                 llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(arr))
             llama_cpp.llama_sampler_apply(self.post.sampler, ctypes.byref(arr))
+            if arr.selected < 0 or arr.data[arr.selected].logit == -np.inf:
+                # accepting a token the grammar refuses aborts the process in llama.cpp
+                raise BridgeError("generation_failed", "the grammar allows no token the step may say here")
             tok = int(arr.data[arr.selected].id)
         for chain in (self.pre, self.post, self.rules):
             chain.accept(tok)
