@@ -128,14 +128,12 @@ class Generator:
             self._best = (llama_cpp.llama_token_data * SLICE)()
             self._best_view = np.frombuffer(memoryview(self._best), dtype=kind)
             self.one: Any = (llama_cpp.llama_token_data * 1)()
-            self.one_arr = llama_cpp.llama_token_data_array(data=self.one, size=1, selected=-1, sorted=False)
         view = self._cand_view
         view["id"] = self._ids
         view["logit"] = np.ctypeslib.as_array(row, shape=(n,))
         view["p"] = 0.0
         arr = llama_cpp.llama_token_data_array(data=self._cands, size=n, selected=-1, sorted=False)
         llama_cpp.llama_sampler_apply(pre.sampler, ctypes.byref(arr))
-        self.one_arr.size, self.one_arr.selected = 1, -1
         return arr
 
     def best(self, k: int) -> Any:
@@ -261,21 +259,23 @@ class Sampling:
         import numpy as np
 
         llm = gen.llm
-        self.gen, self.grammar, self.opts, self.emit = gen, grammar, opts, emit
+        self.gen, self.opts, self.emit = gen, opts, emit
         self.n_prompt = len(tokens)
         self.bans = gen._bans(spoken and grammar is None)
         self.boost = dict(boost or {})
         self._boosts()
-        self.sampler = gen._sampler(opts)
         self.rules: Any = None  # the grammar's sampler, apart from the chain (see _pick)
-        if grammar is not None:
+        if grammar is None:
+            self.sampler = gen._sampler(opts)
+            self.chains = [self.sampler]  # what sees every token the step says
+        else:
             from llama_cpp import _internals
 
             # a grammar step runs the chain in two parts, the grammar between them on a retry
             self.pre, self.post = gen._sampler(opts, choice=False), gen._sampler(opts, dry=False)
-            self.sampler = self.pre
             self.rules = _internals.LlamaSampler()  # type: ignore[no-untyped-call]
             self.rules.add_grammar(llm._model, grammar)
+            self.chains = [self.pre, self.post, self.rules]
             temp = TEMPERATURE if opts.temperature is None else opts.temperature
             self.need = 1 if temp == 0 else TOP_K  # see _pick
         self.checked = self.rejected = 0  # grammar steps: tokens picked, and picked again
@@ -348,11 +348,8 @@ class Sampling:
     def _accept(self, tok: int) -> None:
         """``tok`` is said without being sampled: the chain, the grammar and the penalties
         see it."""
-        if self.rules is None:
-            self.sampler.accept(tok)
-        else:
-            for chain in (self.pre, self.post, self.rules):
-                chain.accept(tok)
+        for chain in self.chains:
+            chain.accept(tok)
         self._seen(tok)
 
     def _pick(self, row: Any) -> int:
@@ -376,7 +373,8 @@ class Sampling:
         tok = int(arr.data[arr.selected].id)
         one = gen.one
         one[0].id, one[0].logit, one[0].p = tok, 0.0, 0.0
-        llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(gen.one_arr))
+        single = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(single))
         self.checked += 1
         if one[0].logit == -np.inf:
             self.rejected += 1
@@ -393,7 +391,7 @@ class Sampling:
                 # accepting a token the grammar refuses aborts the process in llama.cpp
                 raise BridgeError("generation_failed", "the grammar allows no token the step may say here")
             tok = int(arr.data[arr.selected].id)
-        for chain in (self.pre, self.post, self.rules):
+        for chain in self.chains:
             chain.accept(tok)
         return tok
 
