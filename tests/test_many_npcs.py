@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
 import trio
 
@@ -214,14 +215,11 @@ async def test_batched_steps_say_what_each_says_alone(engine: llama.LlamaEngine)
     assert sum(together[n] == alone[n] for n in LINES) >= len(LINES) // 2, (together, alone)
 
 
-async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama.LlamaEngine,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # One NPC speaks while another's long prompt is read: its token goes in a decode of its
-    # own, not beside the prompt's rows (llama.cpp's flash attention would then read every
-    # NPC's cells for the prompt rows in the same tile: measured slower, see _batch._decode)
+def record_decodes(monkeypatch: pytest.MonkeyPatch) -> list[dict[int, int]]:
+    """Every llama_decode from now on, as rows per sequence, in order."""
     import llama_cpp
 
-    batches: list[dict[int, int]] = []  # per decode: rows per sequence
+    batches: list[dict[int, int]] = []
     decode = llama_cpp.llama_decode
 
     def recording(ctx: Any, batch: Any) -> int:
@@ -232,6 +230,15 @@ async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama
         return int(decode(ctx, batch))
 
     monkeypatch.setattr(llama_cpp, "llama_decode", recording)
+    return batches
+
+
+async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama.LlamaEngine,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # One NPC speaks while another's long prompt is read: its token goes in a decode of its
+    # own, not beside the prompt's rows (llama.cpp's flash attention would then read every
+    # NPC's cells for the prompt rows in the same tile: measured slower, see _batch._decode)
+    batches = record_decodes(monkeypatch)
     speaking = trio.Event()
     long_prompt = "Listen well, for this is the whole history of the valley and its mills. " * 30
 
@@ -250,11 +257,76 @@ async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama
             n.start_soon(listener)
     reading = [i for i, b in enumerate(batches) if any(k > 1 for k in b.values())]
     assert len(reading) >= 3, batches  # the long prompt took several passes
-    # the storyteller spoke while the prompt was being read ...
-    assert any(len(batches[i]) == 1 and set(batches[i]) != set(batches[reading[1]])
-               for i in range(reading[0], reading[-1])), batches
+    # the storyteller, speaking before the listener asked, is never held for the listener's
+    # first word (_batch.Scheduler._holds): it says a token between every two chunks ...
+    teller = next(iter(batches[0]))
+    listening = [i for i in reading if teller not in batches[i]]
+    assert len(listening) >= 3, batches
+    assert all(any(batches[i] == {teller: 1} for i in range(a + 1, b)) for a, b in zip(listening, listening[1:])), batches
     # ... and never in the same decode as the prompt's rows
     assert all(len(batches[i]) == 1 for i in reading), [batches[i] for i in reading]
+
+
+async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine: llama.LlamaEngine,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Four NPCs ask at the same moment: the first to be read speaks first, and its next
+    # token waits until the others have read their prompts (fewer tokens than the hold)
+    sched = engine._gen.scheduler
+    batches = record_decodes(monkeypatch)
+    lines = {"Gerd": "What news from the mill?", "Hana": "Is the bridge safe to cross?",
+             "Ines": "Where can I buy bread?", "Jost": "Have you seen my goat?"}
+    first: list[str] = []
+
+    async def one(npc: str) -> None:
+        async for c in engine.stream_step(ask(npc, lines[npc], max_tokens=8)):
+            if isinstance(c, TextChunk) and npc not in first:
+                first.append(npc)
+
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            for npc in lines:
+                n.start_soon(one, npc)
+    assert sorted(first) == sorted(lines)
+    reading = [i for i, b in enumerate(batches) if any(k > 1 for k in b.values())]
+    assert sum(max(batches[i].values()) for i in reading) < sched.hold, batches  # the premise
+    # every prompt is read before any NPC's second token is decoded ...
+    assert all(any(k > 1 for k in b.values()) for b in batches[: reading[-1] + 1]), batches
+    # ... and then the four speak together
+    assert len(batches[reading[-1] + 1]) == len(lines), batches
+
+
+async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(engine: llama.LlamaEngine,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lene asks while Kurt's prompt is being read, and hers is long: Kurt speaks first, then
+    # his next tokens wait for her first word, but never for more than ``hold`` of her tokens
+    sched = engine._gen.scheduler
+    batches = record_decodes(monkeypatch)
+    kurt = ask("Kurt", "Tell me the longest tale of the valley.", max_tokens=120)
+    kurt = msgspec.structs.replace(kurt, instructions=kurt.instructions
+                                   + " He knows every mill, ford, feud and flood of the valley for a hundred years." * 12)
+    long_prompt = "Hear the whole history of the valley, its mills, its floods and its feuds. " * 40
+    with trio.fail_after(120):
+        async with trio.open_nursery() as n:
+            n.start_soon(say, engine, kurt)
+            while not batches:  # Kurt's prompt (two chunks) is being read
+                await trio.sleep(0.005)
+            n.start_soon(say, engine, ask("Lene", long_prompt, max_tokens=4))
+    k = next(iter(batches[0]))
+    lene = next(s for b in batches for s, n in b.items() if s != k and n > 1)
+    start = max(i for i, b in enumerate(batches) if b.get(k, 0) > 1) + 1  # Kurt's first word
+    rows = 0  # Lene's prompt rows read since Kurt's last token
+    gaps = []
+    for b in batches[start:]:
+        if set(b) == {lene}:
+            rows += b[lene]
+        elif b == {k: 1}:
+            gaps.append(rows)
+            rows = 0
+        else:
+            break  # both speak: Lene has her first word
+    assert len(gaps) >= 2, (gaps, batches)  # Kurt spoke while her long prompt was read ...
+    assert max(gaps) >= sched.hold, gaps  # ... after waiting for it ...
+    assert max(gaps) < sched.hold + sched.chunk, (gaps, batches[start - 2:])  # ... for a hold's worth of it at most
 
 
 async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:

@@ -8,7 +8,8 @@ new line. Each pass of the scheduler decodes
 
 - the last token of every step that is generating (one token each, with logits), in one
   batch, and hands each step the logits of its row (``Job.choose``: each step has its own
-  sampler chain and grammar); then
+  sampler chain and grammar), but for steps held so that NPCs who asked before their
+  first word get theirs sooner (``_holds``, at most ``hold`` prompt tokens); then
 - up to ``prefill_chunk`` tokens of the oldest prompt still being read (a prompt that
   ends in the pass ends the reading: that NPC's first token comes first), in a batch of
   their own (``_decode`` says why). A new step joins at the next pass; a long
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -64,7 +66,7 @@ class Job:
     ``result``/``error`` are set once, then ``done`` is set."""
 
     __slots__ = ("npc_id", "tokens", "stop", "keep_last", "step", "reserve", "slot", "pending", "cached",
-                 "shared", "next", "generating", "result", "error", "done", "admitted")
+                 "shared", "next", "generating", "result", "error", "done", "admitted", "asked", "spoke", "held")
 
     def __init__(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool,
                  step: Step | None, reserve: int) -> None:
@@ -81,6 +83,9 @@ class Job:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.admitted = 0.0
+        self.asked = time.monotonic()
+        self.spoke = math.inf  # when its first token came
+        self.held = 0  # prompt tokens read since its last token was decoded (Scheduler._holds)
 
     def wait(self) -> Any:
         self.done.wait()
@@ -129,7 +134,7 @@ class Scheduler:
     (steps still running end with ``model_unavailable``)."""
 
     def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_seq: int, n_threads: int,
-                 n_threads_batch: int, prefill_chunk: int) -> None:
+                 n_threads_batch: int, prefill_chunk: int, hold: int = 0) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
@@ -137,6 +142,7 @@ class Scheduler:
         self.n_ctx = n_ctx
         self.states = states
         self.chunk = max(1, prefill_chunk)
+        self.hold = max(0, hold)
         self.n_batch = max(512, self.chunk + n_seq)
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = n_ctx
@@ -424,6 +430,7 @@ class Scheduler:
             self._end(job, ("prewarmed", job.cached))
             return
         job.generating = True
+        job.spoke = time.monotonic()
         self._advance(job, idx)
 
     def _advance(self, job: Job, idx: int) -> None:
@@ -447,21 +454,40 @@ class Scheduler:
         self._finish(job, result=result)
 
     def _pass(self) -> None:
-        """One pass: every generating job's next token in one decode, then a chunk of the
-        oldest prompt still being read in another (``_reading``)."""
+        """One pass: the next token of every generating job not held (``_holds``) in one
+        decode, then a chunk of the oldest prompt still being read in another
+        (``_reading``)."""
         for job in list(self._active):
             if job.stop.is_set():
                 self._end(job, job.step.cancelled() if (job.generating and job.step is not None) else None)
         speaking: list[tuple[Job, list[int]]] = []
+        held: list[Job] = []
         for job in self._active:
             if job.generating:
                 assert job.next is not None
-                speaking.append((job, [job.next]))
+                if self._holds(job):
+                    held.append(job)
+                else:
+                    speaking.append((job, [job.next]))
         if speaking and not self._decode(speaking):
             return
         reading = self._reading()
-        if reading:
-            self._decode(reading)
+        if reading and self._decode(reading):
+            for job in held + [j for j, _ in speaking]:
+                job.held += len(reading[0][1])  # read since the job's last token
+
+    def _holds(self, job: Job) -> bool:
+        """First words first: a speaking job's next token waits while a step that asked
+        before its first word still reads its prompt, for at most ``hold`` prompt tokens
+        since its last token. On two cores a speaking NPC's token costs as much as a
+        prompt token or two, so each token decoded in a burst puts back the first word of
+        every NPC still reading (bench/bench_batch.py's 8 NPCs asking at once: without a
+        hold, 28 tokens of the first seven were decoded before the eighth's first word,
+        0.4-0.5 s of its 6 s). An NPC that was already speaking when the others asked is never held: a
+        burst of barks does not slow the conversation the player is in."""
+        if job.held >= self.hold:
+            return False
+        return any(not j.generating and j.step is not None and j.asked < job.spoke for j in self._active)
 
     def _reading(self) -> list[tuple[Job, list[int]]]:
         """The next ``chunk`` tokens of the oldest prompt still being read (none if no job
@@ -516,6 +542,7 @@ class Scheduler:
             if job.generating:
                 slot.tokens.append(job.next)  # type: ignore[arg-type]
                 job.next = None
+                job.held = 0
                 self._advance(job, start)
             else:
                 slot.tokens.extend(job.pending[:k])

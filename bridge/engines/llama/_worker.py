@@ -33,6 +33,9 @@ from ._states import StateCache
 # Prompts are read at most this many tokens per decode (all steps together), with a stop
 # check between chunks; NPCs that are generating add their tokens beside the chunk.
 PREFILL_CHUNK = int(os.environ.get("OAM_LLAMA_PREFILL_CHUNK", "128"))
+# First words first: a speaking NPC's next token waits, for at most this many prompt tokens,
+# while NPCs that asked before its first word read their prompts (_batch.Scheduler._holds)
+HOLD = int(os.environ.get("OAM_LLAMA_HOLD", "256"))
 DEFAULT_PARALLEL = 8  # NPCs whose steps decode at once ($OAM_LLAMA_PARALLEL)
 DEFAULT_MAX_TOKENS = 512  # a step that may write a tool call or a JSON answer
 SLICE = 512  # a grammar step's retry masks this many best candidates first (Sampling._pick)
@@ -72,7 +75,7 @@ class Generator:
         self.states = states
         self.lock = threading.Lock()  # guards close
         self._banned: dict[bool, Any] = {}  # token ids: see _bans, filled by scan_vocabulary
-        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK)
+        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK, HOLD)
 
     def close(self) -> None:
         with self.lock:
