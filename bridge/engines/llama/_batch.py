@@ -483,8 +483,8 @@ class Scheduler:
         prompt token or two, so each token decoded in a burst puts back the first word of
         every NPC still reading (bench/bench_batch.py's 8 NPCs asking at once: without a
         hold, 28 tokens of the first seven were decoded before the eighth's first word,
-        0.4-0.5 s of its 6 s). An NPC that was already speaking when the others asked is never held: a
-        burst of barks does not slow the conversation the player is in."""
+        0.4-0.5 s of its 6 s). An NPC that was already speaking when the others asked is
+        never held: a burst of barks does not slow the conversation the player is in."""
         if job.held >= self.hold:
             return False
         return any(not j.generating and j.step is not None and j.asked < job.spoke for j in self._active)
