@@ -381,13 +381,12 @@ class Sampling:
         self.checked += 1
         if one[0].logit == -np.inf:
             self.rejected += 1
-            arr = gen.candidates(row, self.pre)
-            best = gen.best(SLICE)
+            arr = gen.candidates(row, self.pre)  # the first pick's choice reordered and cut them
+            best = gen.best(SLICE)  # a copy: arr is left whole for the fallback
             llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(best))
             if gen.allowed(SLICE) >= self.need:
                 arr = best
             else:
-                arr = gen.candidates(row, self.pre)
                 llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(arr))
             llama_cpp.llama_sampler_apply(self.post.sampler, ctypes.byref(arr))
             if arr.selected < 0 or arr.data[arr.selected].logit == -np.inf:
