@@ -439,6 +439,119 @@ async def test_a_forgotten_npcs_tokens_still_serve_a_prompt_that_starts_alike(en
     assert second.usage.cached_tokens == second.usage.input_tokens - 1  # all but the last, re-read for its logits
 
 
+async def test_idle_npcs_leave_the_pool_while_a_prompt_is_read_and_come_back_from_ram() -> None:
+    # llama.cpp scans every row's attention mask over all the cells up to the highest in use,
+    # so an idle NPC's cells slow the reading of every new prompt: they go to RAM first
+    from bridge.engines.llama._batch import TIDY_ROWS
+
+    engine = llama.LlamaEngine(n_parallel=4)
+    sched, states = engine._gen.scheduler, engine._gen.states
+    try:
+        well = ask("Hilde", "Where is the well?")
+        said, hilde = await say(engine, well)
+        assert any(s.npc == "Hilde" for s in sched.slots) and states.get("Hilde") is None
+        lore = ("The fishing village of Orm clings to a cliff above the grey sea. Its boats, its nets and its "
+                "smokehouse smell of tar and herring all year round. ") * 3
+        _, ivo = await say(engine, villager(lore, "Ivo"))
+        assert ivo.usage.input_tokens - ivo.usage.cached_tokens >= TIDY_ROWS
+        assert not any(s.npc == "Hilde" for s in sched.slots)  # her cells left while Ivo's prompt was read ...
+        assert states.get("Hilde") is not None  # ... saved
+        # her next line reads only what is new, and a prompt that short leaves Ivo where he is
+        again = msgspec.structs.replace(well, messages=[*well.messages, Message("assistant", said), Message("user", "Thanks!")])
+        _, back = await say(engine, again)
+        assert back.usage.cached_tokens >= hilde.usage.input_tokens - 1, (back.usage, hilde.usage)
+        assert back.usage.input_tokens - back.usage.cached_tokens < TIDY_ROWS
+        assert any(s.npc == "Ivo" for s in sched.slots)
+    finally:
+        await engine.aclose()
+
+
+async def test_an_npc_back_from_ram_says_what_it_would_have_said_resident() -> None:
+    # The state saved when its cells left the pool is the same KV: greedy, it goes on alike
+    engine = llama.LlamaEngine(n_parallel=2)
+    sched = engine._gen.scheduler
+    intruder = ("The marsh village of Fenn stands on stilts among the reeds, and its people fish for eels "
+                "and cut peat for the winter. ") * 3
+    first = ask("Rolf", "Who guards the gate at night?", max_tokens=16)
+    try:
+        lines = {}
+        for npc, away in (("rolf-stays", False), ("rolf-away", True)):
+            said, _ = await say(engine, msgspec.structs.replace(first, npc_id=npc))
+            if away:
+                await say(engine, villager(intruder, "Moss"))
+                assert not any(s.npc == npc for s in sched.slots)
+            again = msgspec.structs.replace(first, npc_id=npc, messages=[
+                *first.messages, Message("assistant", said), Message("user", "And who guards it by day?")])
+            text, done = await say(engine, again)
+            lines[npc] = (said, text, done.usage.cached_tokens)
+        assert lines["rolf-stays"][:2] == lines["rolf-away"][:2], lines
+        # what it said before came back from RAM (more, even: the other Rolf's second prompt
+        # went to RAM beside it and starts the same)
+        assert lines["rolf-away"][2] >= lines["rolf-stays"][2] > 20, lines
+    finally:
+        await engine.aclose()
+
+
+async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_alike(engine: llama.LlamaEngine) -> None:
+    # oam serve's requests are NPCs deleted after each answer: their tokens belong to no one
+    # and are kept for the next request. When a new prompt needs the pool, they go to RAM as
+    # a prefix any prompt may start from, not away.
+    from bridge.engines.llama._batch import _common
+
+    sched = engine._gen.scheduler
+    lore = ("The river town of Vell has a ferry, a toll house and a granary on stilts, and floods every "
+            "spring when the snow melts in the hills. ") * 3
+
+    def request(npc_id: str) -> StepRequest:
+        return msgspec.structs.replace(villager(lore, "Gerda"), npc_id=npc_id)
+
+    _, first = await say(engine, request("req-3"))
+    held = next(s.tokens[: first.usage.input_tokens] for s in sched.slots if s.npc == "req-3")
+    engine.forget("req-3")
+    other = ("The salt mine of Drak runs a mile under the plain; its miners ride down in baskets, and "
+             "the lamps are counted every night. ") * 3
+    _, third = await say(engine, villager(other, "Ulf"))
+    assert third.usage.input_tokens - third.usage.cached_tokens >= 64
+    assert max(_common(s.tokens, held) for s in sched.slots) < 32  # no slot holds them now
+    _, second = await say(engine, request("req-4"))
+    assert second.usage.input_tokens == first.usage.input_tokens
+    assert second.usage.cached_tokens == second.usage.input_tokens - 1  # all but the last, re-read for its logits
+
+
+def test_saved_states_are_found_by_how_a_prompt_starts() -> None:
+    import numpy as np
+
+    from bridge.engines.llama._states import SavedState, StateCache
+
+    def state(tokens: list[int], size: int = 10) -> SavedState:
+        return SavedState(np.asarray(tokens, dtype=np.intc), len(tokens), bytearray(size))
+
+    cache = StateCache(max_bytes=45)
+    cache.put("anna", state([1, 2, 3, 4]))
+    cache.put_prefix(state([1, 2, 9]))
+    assert cache.start_of("anna", [1, 2, 3, 5])[:1] == ("anna",)  # the longest start
+    key, _, n = cache.start_of("bert", [1, 2, 9, 9])
+    assert isinstance(key, int) and n == 3  # a prefix of no one
+    assert cache.start_of("anna", [1, 2, 9, 9])[0] == key  # longer than her own
+    assert cache.start_of("anna", [1, 2, 7])[:1] == ("anna",)  # her own first on a tie
+    assert cache.start_of("bert", [7]) == (None, None, 0)
+    # one token in common is not worth loading 300
+    cache.put("carl", state([5] + [6] * 299))
+    assert cache.start_of("dora", [5, 0])[2] == 0 and cache.start_of("carl", [5, 0])[2] == 1
+    # a prefix of no one that a longer one holds goes, and one that holds a new one stays
+    cache.put_prefix(state([1, 2, 9, 8]))
+    assert sum(isinstance(k, int) for k in cache._states) == 1
+    cache.put_prefix(state([1, 2]))
+    assert sum(isinstance(k, int) for k in cache._states) == 1
+    key, _, n = cache.start_of("bert", [1, 2, 9, 8])
+    assert isinstance(key, int) and n == 4
+    cache.take(key)
+    assert cache.start_of("bert", [1, 2, 9, 8])[2] == 2  # anna's
+    assert cache.bytes == 20
+    cache.put("dora", state([3], size=30))  # over the bound: the least recently saved go
+    assert cache.get("anna") is None and cache.bytes == 40
+
+
 async def test_a_step_whose_sampling_fails_ends_alone(engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     # An exception in one NPC's sampling (the scheduler's thread) fails that step with
     # generation_failed; the NPCs decoding beside it finish their lines and the engine serves on.
