@@ -417,7 +417,8 @@ class Scheduler:
                 n = 0
             else:
                 slot.tokens, n = saved.input_ids[: saved.n_tokens].tolist(), from_saved
-                self.states.take(key)  # a prefix of no one is resident again
+                if from_saved >= saved.n_tokens:
+                    self.states.take(key)  # a prefix of no one is resident again, whole
         if job.keep_last:  # the last token is read again: its logits start the sampling
             n = min(n, len(toks) - 1)
         self._truncate(slot, n)

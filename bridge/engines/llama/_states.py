@@ -102,7 +102,7 @@ class StateCache:
             return best
 
     def take(self, key: str | int) -> None:
-        """An anonymous prefix is resident again: it leaves the cache."""
+        """An anonymous prefix is resident again, whole: it leaves the cache."""
         if isinstance(key, int):
             with self._lock:
                 self._pop(key)
