@@ -527,6 +527,53 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
         await engine.aclose()
 
 
+async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_the_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The player talks to Pia in short lines while three NPCs who spoke before her sit idle:
+    # llama.cpp scans every row's mask up to the highest cell in use, so their cells slow each
+    # token she says. They leave once the rows said beside them would pay for it, and her
+    # cells, read after theirs, move to the start of the pool in their order: she says what
+    # she says when they stay, token for token.
+    from bridge.engines.llama import _batch
+
+    lore = ("The hill fort of Carn keeps a beacon, a well and a granary, and its walls are older than "
+            "anyone remembers. ") * 6
+    lines = ["What herbs do you sell?", "Which one helps a cough?", "How much is it?"]
+
+    async def talk(tidy: bool) -> tuple[list[str], list[list[str | None]], int]:
+        engine = llama.LlamaEngine(n_parallel=4)
+        sched = engine._gen.scheduler
+        try:
+            # the others speak first, one after another, and no one leaves the pool yet
+            monkeypatch.setattr(_batch, "TIDY_ROWS", 10**9)
+            for npc in ("Abel", "Berit", "Cai"):
+                await say(engine, villager(lore, npc))
+            pia = ask("Pia", "Hello, who are you?", max_tokens=4)
+            await say(engine, pia)
+            if tidy:
+                monkeypatch.setattr(_batch, "TIDY_ROWS", 64)
+            seen = [[s.npc for s in sched.slots]]
+            said = []
+            for line in lines:
+                pia = msgspec.structs.replace(pia, messages=[*pia.messages, Message("assistant", "I am Pia."),
+                                                             Message("user", line)],
+                                              options=GenerationOptions(temperature=0, max_tokens=32))
+                text, _ = await say(engine, pia)
+                said.append(text)
+                seen.append([s.npc for s in sched.slots])
+            return said, seen, sched.moved
+        finally:
+            await engine.aclose()
+
+    said, seen, moved = await talk(tidy=True)
+    assert {"Abel", "Berit", "Cai"} <= set(seen[0]), seen  # all resident when she starts
+    assert not {"Abel", "Berit", "Cai"} & set(seen[-1]), seen  # gone by the end
+    assert moved > 0
+    stayed, seen, moved = await talk(tidy=False)
+    assert {"Abel", "Berit", "Cai"} <= set(seen[-1]) and moved == 0, seen
+    assert said == stayed
+
+
 def test_saved_states_are_found_by_how_a_prompt_starts() -> None:
     import numpy as np
 

@@ -28,9 +28,9 @@ Where a step's prompt starts:
 
 KV cells are admitted, not fought over: a step starts when its prompt and its longest
 answer fit beside the running steps, giving idle slots' cells back (their state saved) as
-needed; otherwise it waits for a running step to end. While a prompt is read, idle slots
-give their cells back in any case (``_tidy``): llama.cpp's attention looks at every cell up
-to the highest in use, for every row. Cells a slot shares with the slot it
+needed; otherwise it waits for a running step to end. Idle slots give their cells back in
+any case once the rows decoded beside them would have paid for it (``_tidy``): llama.cpp's
+attention looks at every cell up to the highest in use, for every row. Cells a slot shares with the slot it
 copied them from count once (``Slot.lent``), and that slot is not evicted to make room.
 """
 
@@ -50,11 +50,16 @@ from ._states import SavedState, StateCache
 
 log = logging.getLogger("oam_bridge.llama")
 
-# While a prompt with at least this many tokens left to read is read, idle slots give their
-# cells back (``Scheduler._tidy``), at most TIDY_TOKENS of them a pass; a slot of no one
-# with at least TIDY_ROWS tokens is kept in RAM when its cells go.
+# An idle slot gives its cells back (``Scheduler._tidy``) once the rows decoded beside it
+# since it went idle and the prompt rows still to read come to TIDY_ROWS, at most
+# TIDY_TOKENS of them a pass; a slot of no one with at least TIDY_ROWS tokens is kept in RAM
+# when its cells go.
 TIDY_ROWS = 64
 TIDY_TOKENS = 1024
+# Once idle slots have left, the slots still resident move to the start of the pool
+# (``Scheduler._pack``) if they hold at most 1/PACK_RATIO of the most tokens the pool held
+# since the last move.
+PACK_RATIO = 2
 
 
 class Step(Protocol):
@@ -106,7 +111,7 @@ class Job:
 class Slot:
     """A KV sequence: the NPC whose tokens it holds and the job running on it."""
 
-    __slots__ = ("seq", "npc", "tokens", "job", "used", "epoch", "lent")
+    __slots__ = ("seq", "npc", "tokens", "job", "used", "rent", "epoch", "lent")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -114,6 +119,7 @@ class Slot:
         self.tokens: list[int] = []  # what the sequence holds, positions 0..len-1
         self.job: Job | None = None
         self.used = 0.0  # when its last job ended: the least recently used idle slot goes first
+        self.rent = 0  # rows decoded beside its cells since then (Scheduler._tidy)
         # cells shared with another slot: (donor, the donor's epoch then, tokens); the epoch
         # changes whenever cells leave the sequence, which ends what it lent
         self.epoch = 0
@@ -173,6 +179,8 @@ class Scheduler:
         self._active: list[Job] = []  # admitted, in admission order
         self.batched = 0  # decodes that held more than one NPC's tokens
         self.shared_tokens = 0  # prompt tokens taken from another NPC's slot
+        self.moved = 0  # tokens moved to the start of the pool (_pack)
+        self._high = 0  # the most tokens the slots held since the last _pack
         self._thread = threading.Thread(target=self._run, name="oam-llama-batch", daemon=True)
         self._thread.start()
 
@@ -258,6 +266,7 @@ class Scheduler:
         if job.slot is not None:
             job.slot.job = None
             job.slot.used = time.monotonic()
+            job.slot.rent = 0
             job.slot = None
         job.done.set()
 
@@ -313,24 +322,68 @@ class Scheduler:
         s.npc = None
 
     def _tidy(self) -> None:
-        """While a prompt is read, idle slots give their cells back, saved (a state comes
-        back from RAM in about 2 ms per 256 tokens). Every row llama.cpp reads scans the
-        attention mask over all the cells up to the highest in use, so idle cells slow each
-        row: 4 NPCs' prompts read beside 4 idle NPCs took 7.55 against 7.17 ms a row.
-        Kept: a slot whose tokens start like a prompt being read (they may be shared). At
-        most ``TIDY_TOKENS`` a pass, the least recently used slots first, so that saving
-        long histories does not stall the NPCs speaking."""
-        reading = [job for job in self._active if len(job.pending) >= TIDY_ROWS]
-        if not reading:
-            return
+        """Idle slots give their cells back, saved, once they cost more where they are than
+        in RAM. Each row llama.cpp decodes scans the attention mask over all the cells up to
+        the highest in use, so idle cells slow every row: a token said beside 7 idle NPCs
+        of 1000 tokens took 30.8 against 24.4 ms alone (2000 cells: 1.08x), and 4 NPCs'
+        prompts read beside 4 idle NPCs 7.55 against 7.17 ms a row. A state goes to RAM and
+        comes back in about 18 ms per 1000 tokens, so a slot goes once the rows decoded
+        beside it since it went idle (``Slot.rent``) and the prompt rows still to read come
+        to ``TIDY_ROWS``: a long prompt sends idle slots away before it is read, and a
+        conversation sends them away after a line or two. Kept: a slot whose tokens start
+        like a prompt being read (they may be shared), and one whose cells other slots
+        share for the most part (they would stay in the pool). At most ``TIDY_TOKENS`` a
+        pass, the
+        least recently used slots first, so that saving long histories does not stall the
+        NPCs speaking."""
+        reading = [job for job in self._active if job.pending]
+        ahead = sum(len(job.pending) for job in reading)
+        lending = self._lending()
         saved = 0
         for s in sorted((s for s in self.slots if s.job is None and s.tokens), key=lambda s: s.used):
-            if any(_common(s.tokens, job.tokens) >= TIDY_ROWS for job in reading):
+            if s.rent + ahead < TIDY_ROWS or 2 * lending.get(s.seq, 0) > len(s.tokens) or any(
+                    _common(s.tokens, job.tokens) >= TIDY_ROWS for job in reading):
                 continue
             if saved and saved + len(s.tokens) > TIDY_TOKENS:
-                break
+                return  # the rest next pass
             saved += len(s.tokens)
             self._evict(s)
+        if saved:
+            self._pack()
+
+    def _pack(self) -> None:
+        """The slots still resident move to the start of the pool, saved and loaded back
+        (about 18 ms per 1000 tokens), if they hold at most 1/``PACK_RATIO`` of the most
+        tokens the pool held since the last move. llama.cpp scans the mask up to the highest
+        cell in use (which it does not tell), so cells given back below the slots that stay
+        gain nothing: a speaking NPC whose cells were read after 7 idle NPCs' went on paying
+        for them. Slots that share cells stay where they are (a move would copy them)."""
+        held = sum(len(s.tokens) for s in self.slots)
+        if held * PACK_RATIO > self._high:
+            return
+        self._high = held
+        lending = self._lending()
+        for s in self.slots:
+            if not s.tokens or s.shared() or s.seq in lending:
+                continue
+            saved = self._save(s)
+            if saved is None:
+                continue
+            if self._load(s, saved):
+                self.moved += saved.n_tokens
+            elif s.job is not None:
+                self._fail(s.job, BridgeError("generation_failed", "llama.cpp could not move the step's KV cells"))
+            elif s.npc is not None:
+                self.states.put(s.npc, saved)
+                s.npc = None
+
+    def _lending(self) -> dict[int, int]:
+        """The sequences of the slots whose cells other slots share, and how many of them."""
+        lent: dict[int, int] = {}
+        for s in self.slots:
+            if s.lent is not None and (n := s.shared()):
+                lent[s.lent[0].seq] = max(lent.get(s.lent[0].seq, 0), n)
+        return lent
 
     def _save(self, s: Slot) -> SavedState | None:
         """The slot's sequence (None if llama.cpp wrote none)."""
@@ -346,6 +399,22 @@ class Scheduler:
             return None
         del data[n:]
         return SavedState(np.asarray(s.tokens, dtype=np.intc), len(s.tokens), data)
+
+    def _load(self, s: Slot, saved: SavedState) -> bool:
+        """The slot holds ``saved`` (False and empty if llama.cpp took none of it). llama.cpp
+        puts the cells in the first free ones from the start of the pool, or from the last
+        cell it wrote if few are free before it."""
+        import llama_cpp
+
+        self._clear(s)
+        arr = (ctypes.c_uint8 * saved.size).from_buffer(saved.data)
+        loaded = llama_cpp.llama_state_seq_set_data(self.ctx.ctx, arr, saved.size, s.seq) == saved.size
+        del arr
+        if not loaded:
+            self._clear(s)
+            return False
+        s.tokens = saved.input_ids[: saved.n_tokens].tolist()
+        return True
 
     def _admit(self) -> None:
         """Moves waiting jobs onto slots, oldest first, while slots and KV cells allow."""
@@ -363,8 +432,6 @@ class Scheduler:
         self._waiting = keep
 
     def _place(self, job: Job) -> bool:
-        import llama_cpp
-
         own = next((s for s in self.slots if s.npc == job.npc_id), None)
         if own is not None and own.job is not None:
             return False  # the NPC's previous job has not left its slot yet
@@ -408,15 +475,10 @@ class Scheduler:
             job.shared = n = lent
         elif from_saved > mine:
             assert saved is not None and key is not None
-            self._clear(slot)
-            arr = (ctypes.c_uint8 * saved.size).from_buffer(saved.data)
-            loaded = llama_cpp.llama_state_seq_set_data(self.ctx.ctx, arr, saved.size, slot.seq) == saved.size
-            del arr
-            if not loaded:
-                self._clear(slot)
+            if not self._load(slot, saved):
                 n = 0
             else:
-                slot.tokens, n = saved.input_ids[: saved.n_tokens].tolist(), from_saved
+                n = from_saved
                 if from_saved >= saved.n_tokens:
                     self.states.take(key)  # a prefix of no one is resident again, whole
         if job.keep_last:  # the last token is read again: its logits start the sampling
@@ -581,6 +643,12 @@ class Scheduler:
         if rc != 0:
             self._decode_failed(rc, rows)
             return False
+        held = 0
+        for s in self.slots:
+            held += len(s.tokens)
+            if s.job is None and s.tokens:
+                s.rent += b.n_tokens
+        self._high = max(self._high, held + b.n_tokens)
         for job, start, k in rows:
             slot = job.slot
             assert slot is not None
