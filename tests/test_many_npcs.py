@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import jsonschema
@@ -159,6 +161,16 @@ def engine():  # type: ignore[no-untyped-def]
     e = llama.LlamaEngine(n_ctx=4096, n_parallel=4)
     yield e
     trio.run(e.aclose)
+
+
+@asynccontextmanager
+async def fresh_engine(**kw: Any) -> AsyncIterator[llama.LlamaEngine]:
+    """An engine of its own (its pool starts empty), closed at the end."""
+    engine = llama.LlamaEngine(**kw)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
 
 
 def villager(lore: str, npc: str) -> StepRequest:
@@ -374,9 +386,8 @@ async def test_a_shared_prefix_takes_its_cells_once() -> None:
     # NPC, the elder's place would be given up (its state saved) and the last NPC would wait
     lore = ("The mountain town of Grall sits above the silver mines. Its smelter, its chapel and its market "
             "hall are crowded on feast days, and the miners sing on their way home. ") * 9
-    engine = llama.LlamaEngine(n_ctx=1024, n_parallel=5)
-    sched = engine._gen.scheduler
-    try:
+    async with fresh_engine(n_ctx=1024, n_parallel=5) as engine:
+        sched = engine._gen.scheduler
         _, elder = await say(engine, villager(lore, "Elder"))
         assert elder.usage.input_tokens > 300
         usage: dict[str, Any] = {}
@@ -392,8 +403,6 @@ async def test_a_shared_prefix_takes_its_cells_once() -> None:
         # the elder kept its place: nothing was evicted for the four
         assert any(s.npc == "Elder" and len(s.tokens) >= elder.usage.input_tokens for s in sched.slots)
         assert engine._gen.states.get("Elder") is None
-    finally:
-        await engine.aclose()
 
 
 async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancelled() -> None:
@@ -444,9 +453,8 @@ async def test_idle_npcs_leave_the_pool_while_a_prompt_is_read_and_come_back_fro
     # so an idle NPC's cells slow the reading of every new prompt: they go to RAM first
     from bridge.engines.llama._batch import TIDY_ROWS
 
-    engine = llama.LlamaEngine(n_parallel=4)
-    sched, states = engine._gen.scheduler, engine._gen.states
-    try:
+    async with fresh_engine(n_parallel=4) as engine:
+        sched, states = engine._gen.scheduler, engine._gen.states
         well = ask("Hilde", "Where is the well?")
         said, hilde = await say(engine, well)
         assert any(s.npc == "Hilde" for s in sched.slots) and states.get("Hilde") is None
@@ -462,18 +470,15 @@ async def test_idle_npcs_leave_the_pool_while_a_prompt_is_read_and_come_back_fro
         assert back.usage.cached_tokens >= hilde.usage.input_tokens - 1, (back.usage, hilde.usage)
         assert back.usage.input_tokens - back.usage.cached_tokens < TIDY_ROWS
         assert any(s.npc == "Ivo" for s in sched.slots)
-    finally:
-        await engine.aclose()
 
 
 async def test_an_npc_back_from_ram_says_what_it_would_have_said_resident() -> None:
     # The state saved when its cells left the pool is the same KV: greedy, it goes on alike
-    engine = llama.LlamaEngine(n_parallel=2)
-    sched = engine._gen.scheduler
-    intruder = ("The marsh village of Fenn stands on stilts among the reeds, and its people fish for eels "
-                "and cut peat for the winter. ") * 3
-    first = ask("Rolf", "Who guards the gate at night?", max_tokens=16)
-    try:
+    async with fresh_engine(n_parallel=2) as engine:
+        sched = engine._gen.scheduler
+        intruder = ("The marsh village of Fenn stands on stilts among the reeds, and its people fish for eels "
+                    "and cut peat for the winter. ") * 3
+        first = ask("Rolf", "Who guards the gate at night?", max_tokens=16)
         lines = {}
         for npc, away in (("rolf-stays", False), ("rolf-away", True)):
             said, _ = await say(engine, msgspec.structs.replace(first, npc_id=npc))
@@ -488,8 +493,6 @@ async def test_an_npc_back_from_ram_says_what_it_would_have_said_resident() -> N
         # what it said before came back from RAM (more, even: the other Rolf's second prompt
         # went to RAM beside it and starts the same)
         assert lines["rolf-away"][2] >= lines["rolf-stays"][2] > 20, lines
-    finally:
-        await engine.aclose()
 
 
 async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_alike() -> None:
@@ -499,15 +502,14 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
     # leaves them there.
     from bridge.engines.llama._batch import _common
 
-    engine = llama.LlamaEngine(n_parallel=2)
-    sched = engine._gen.scheduler
-    lore = ("The river town of Vell has a ferry, a toll house and a granary on stilts, and floods every "
-            "spring when the snow melts in the hills. ") * 3
+    async with fresh_engine(n_parallel=2) as engine:
+        sched = engine._gen.scheduler
+        lore = ("The river town of Vell has a ferry, a toll house and a granary on stilts, and floods every "
+                "spring when the snow melts in the hills. ") * 3
 
-    def request(npc_id: str) -> StepRequest:
-        return msgspec.structs.replace(villager(lore, "Gerda"), npc_id=npc_id)
+        def request(npc_id: str) -> StepRequest:
+            return msgspec.structs.replace(villager(lore, "Gerda"), npc_id=npc_id)
 
-    try:
         _, first = await say(engine, request("req-3"))
         held = next(s.tokens[: first.usage.input_tokens] for s in sched.slots if s.npc == "req-3")
         engine.forget("req-3")
@@ -523,8 +525,6 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
         _, second = await say(engine, request("req-4"))
         assert second.usage.input_tokens == first.usage.input_tokens
         assert second.usage.cached_tokens == second.usage.input_tokens - 1  # all but the last, re-read for its logits
-    finally:
-        await engine.aclose()
 
 
 async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_the_pool(
@@ -541,9 +541,8 @@ async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_t
     lines = ["What herbs do you sell?", "Which one helps a cough?", "How much is it?"]
 
     async def talk(tidy: bool) -> tuple[list[str], list[list[str | None]], int]:
-        engine = llama.LlamaEngine(n_parallel=4)
-        sched = engine._gen.scheduler
-        try:
+        async with fresh_engine(n_parallel=4) as engine:
+            sched = engine._gen.scheduler
             # the others speak first, one after another, and no one leaves the pool yet
             monkeypatch.setattr(_batch, "TIDY_ROWS", 10**9)
             for npc in ("Abel", "Berit", "Cai"):
@@ -562,8 +561,6 @@ async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_t
                 said.append(text)
                 seen.append([s.npc for s in sched.slots])
             return said, seen, sched.moved
-        finally:
-            await engine.aclose()
 
     said, seen, moved = await talk(tidy=True)
     assert {"Abel", "Berit", "Cai"} <= set(seen[0]), seen  # all resident when she starts

@@ -30,8 +30,9 @@ KV cells are admitted, not fought over: a step starts when its prompt and its lo
 answer fit beside the running steps, giving idle slots' cells back (their state saved) as
 needed; otherwise it waits for a running step to end. Idle slots give their cells back in
 any case once the rows decoded beside them would have paid for it (``_tidy``): llama.cpp's
-attention looks at every cell up to the highest in use, for every row. Cells a slot shares with the slot it
-copied them from count once (``Slot.lent``), and that slot is not evicted to make room.
+attention looks at every cell up to the highest in use, for every row. Cells a slot shares
+with the slot it copied them from count once (``Slot.lent``), and that slot is not evicted
+to make room.
 """
 
 from __future__ import annotations
@@ -333,9 +334,8 @@ class Scheduler:
         conversation sends them away after a line or two. Kept: a slot whose tokens start
         like a prompt being read (they may be shared), and one whose cells other slots
         share for the most part (they would stay in the pool). At most ``TIDY_TOKENS`` a
-        pass, the
-        least recently used slots first, so that saving long histories does not stall the
-        NPCs speaking."""
+        pass, the least recently used slots first, so that saving long histories does not
+        stall the NPCs speaking."""
         reading = [job for job in self._active if job.pending]
         ahead = sum(len(job.pending) for job in reading)
         lending = self._lending()

@@ -60,9 +60,12 @@ class StateCache:
         ids = st.input_ids[: st.n_tokens]
         with self._lock:
             for key, old in list(self._states.items()):
-                if isinstance(key, int) and (n := common_start(old.input_ids[: old.n_tokens], ids)) == old.n_tokens:
+                if not isinstance(key, int):
+                    continue
+                n = common_start(old.input_ids[: old.n_tokens], ids)
+                if n == old.n_tokens:
                     self._pop(key)
-                elif isinstance(key, int) and n == st.n_tokens:
+                elif n == st.n_tokens:
                     return
             self._put(next(self._keys), st)
 
