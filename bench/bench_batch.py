@@ -25,7 +25,10 @@ NPC on the llama-server and remote sides is asked for exactly as many tokens as 
 NPC generated through the bridge in that repeat (llama-server runs ``--ignore-eos``), so
 every side does the same work; ``--server-tokens full`` asks them for ``--tokens`` each.
 Actual output tokens are printed per side. Aggregate tokens/s = all NPCs' output tokens /
-wall time from sending the first request to the last completion.
+wall time from sending the first request to the last completion. With more than one repeat
+the ratios are also printed paired by repeat (median and range of each repeat's ratio): the
+two sides of a repeat run seconds apart, medians of each side minutes apart, and on a shared
+machine the speed moves in between.
 
 Threads, the same on both sides: the bridge's ``--llama-threads T`` decodes with T threads and
 reads prompts with every core; llama-server gets ``-t T -tb <cores>``. T defaults to
@@ -425,6 +428,14 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
 
+def paired(a: Side, b: Side, f: Any) -> str:
+    """Median and range of a's figure over b's, repeat by repeat: on a noisy machine the two
+    sides of one repeat ran a few seconds apart, so the ratio of each pair moves less than a
+    ratio of medians taken minutes apart."""
+    rs = sorted(f(x) / f(y) for x, y in zip(a.rounds, b.rounds) if f(y))
+    return f"{st.median(rs):.2f} [{rs[0]:.2f}-{rs[-1]:.2f}]" if rs else "n/a"
+
+
 def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
     b, s, r, old = sides["bridge"], sides["server"], sides["remote"], sides.get("baseline")
     tok = lambda x: x.med(lambda q: q.tok_s)  # noqa: E731
@@ -433,9 +444,15 @@ def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
     p50 = lambda x: x.med(lambda q: st.median(q.ttft))  # noqa: E731
     print(f"  bridge / llama-server: tok/s {ratio(tok(b), tok(s))}{' (goal >= 1)' if goal_tok else ''}, "
           f"worst TTFT {ratio(worst(b), worst(s))} (goal <= 1), first NPC's TTFT {ratio(first(b), first(s))}")
+    if len(b.rounds) > 1:
+        print(f"  the same, paired by repeat (each round against the llama-server round after it; median "
+              f"[range]): tok/s {paired(b, s, lambda q: q.tok_s)}, worst TTFT {paired(b, s, lambda q: max(q.ttft))}")
     if old is not None:
         print(f"  bridge / baseline: tok/s {ratio(tok(b), tok(old))}{' (goal >= 1)' if n == 1 else ''}, "
               f"first NPC's TTFT {ratio(first(b), first(old))} (goal <= 1), worst TTFT {ratio(worst(b), worst(old))}")
+        if len(b.rounds) > 1:
+            print(f"  the same, paired by repeat: tok/s {paired(b, old, lambda q: q.tok_s)}, "
+                  f"first NPC's TTFT {paired(b, old, lambda q: min(q.ttft))}, worst TTFT {paired(b, old, lambda q: max(q.ttft))}")
     print(f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
           f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms")
 

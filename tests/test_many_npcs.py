@@ -202,29 +202,73 @@ LINES = {"Anna": "What news from the mill?", "Bert": "Is the bridge safe to cros
          "Cora": "Where can I buy bread?", "Dirk": "Have you seen my goat?"}
 
 
-async def test_batched_steps_say_what_each_says_alone(engine: llama.LlamaEngine) -> None:
-    alone = {}
+def record_rows(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, ...], list[tuple[Any, int | None]]]:
+    """Every row of logits a step is handed from now on, with the token it chose, by the
+    step's prompt tokens."""
+    import llama_cpp
+    import numpy as np
+
+    from bridge.engines.llama import _worker
+
+    rows: dict[tuple[int, ...], list[tuple[Any, int | None]]] = {}
+    prompts: dict[int, tuple[int, ...]] = {}
+    init, choose = _worker.Sampling.__init__, _worker.Sampling.choose
+
+    def recording_init(self: Any, gen: Any, tokens: list[int], *a: Any, **k: Any) -> None:
+        prompts[id(self)] = tuple(tokens)
+        init(self, gen, tokens, *a, **k)
+
+    def recording_choose(self: Any, ctx: Any, idx: int) -> int | None:
+        n = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx.ctx, idx), shape=(n,)).copy()
+        tok = choose(self, ctx, idx)
+        rows.setdefault(prompts[id(self)], []).append((row, tok))
+        return tok
+
+    monkeypatch.setattr(_worker.Sampling, "__init__", recording_init)
+    monkeypatch.setattr(_worker.Sampling, "choose", recording_choose)
+    return rows
+
+
+async def test_batched_steps_see_the_rows_they_see_alone(engine: llama.LlamaEngine,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each NPC's row of logits in a batch is its own: the same as alone, but for the last
+    # bits (a batch of several rows multiplies in another order than one row, and where the
+    # cells lie in the pool changes how attention adds them up; a near tie can then flip a
+    # greedy line, as in llama-server: comparing the lines' text failed now and then for
+    # that). Rows mixed up between NPCs differ by whole units.
+    import numpy as np
+
+    rows = record_rows(monkeypatch)
     for npc, line in LINES.items():
-        alone[npc] = (await say(engine, ask(npc, line, npc_id=npc + "-solo")))[0]
+        await say(engine, ask(npc, line, npc_id=npc + "-solo"))
+    alone = {key: list(steps) for key, steps in rows.items()}
+    rows.clear()
     sched = engine._gen.scheduler
     before = sched.batched
-    together: dict[str, str] = {}
 
     async def one(npc: str) -> None:
-        together[npc] = (await say(engine, ask(npc, LINES[npc])))[0]
+        await say(engine, ask(npc, LINES[npc]))
 
     with trio.fail_after(120):
         async with trio.open_nursery() as n:
             for npc in LINES:
                 n.start_soon(one, npc)
     assert sched.batched > before, "no decode held more than one NPC's tokens"
-    # Each NPC's row of logits is its own: a row mixed up with another NPC's would derail
-    # the line from its first word. Not bit-exact: a batch of several rows multiplies in
-    # another order than one row, which can flip a near tie late in a greedy line (as in
-    # llama-server), so the lines must start alike and most must be the same.
-    for npc in LINES:
-        assert together[npc][:16] == alone[npc][:16], (npc, together[npc], alone[npc])
-    assert sum(together[n] == alone[n] for n in LINES) >= len(LINES) // 2, (together, alone)
+    assert sorted(rows) == sorted(alone), "each NPC's prompt, alone and batched"
+    compared = 0
+    for key, steps in rows.items():
+        same = 0  # steps compared: up to the first token chosen otherwise
+        for (a, tok_a), (b, tok_b) in zip(alone[key], steps):
+            top = np.argsort(a)[-20:]  # the candidates that matter
+            # measured: the same NPC's rows 0.72 apart at most, another NPC's 2.4 at least
+            assert float(np.max(np.abs(a[top] - b[top]))) < 1.5, (same, a[top], b[top])
+            same += 1
+            if tok_a != tok_b:
+                break
+        assert same >= 2, same  # the first row comes from the prompt, read alone
+        compared += same
+    assert compared >= 3 * len(LINES), compared
 
 
 def record_decodes(monkeypatch: pytest.MonkeyPatch) -> list[dict[int, int]]:
@@ -279,14 +323,18 @@ async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama
     assert all(len(batches[i]) == 1 for i in reading), [batches[i] for i in reading]
 
 
+@pytest.mark.parametrize("walk", [0, 10], ids=["short", "past-the-hold"])
 async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine: llama.LlamaEngine,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       walk: int) -> None:
     # Four NPCs ask at the same moment: the first to be read speaks first, and its next
-    # token waits until the others have read their prompts (fewer tokens than the hold)
+    # token waits until the others have read their prompts: fewer tokens than the hold, or
+    # more (a burst of longer prompts, up to hold_burst: every first word before a second)
     sched = engine._gen.scheduler
     batches = record_decodes(monkeypatch)
-    lines = {"Gerd": "What news from the mill?", "Hana": "Is the bridge safe to cross?",
-             "Ines": "Where can I buy bread?", "Jost": "Have you seen my goat?"}
+    road = " I walked all day from the far end of the valley, past the mill and the old bridge." * walk
+    lines = {"Gerd": "What news from the mill?" + road, "Hana": "Is the bridge safe to cross?" + road,
+             "Ines": "Where can I buy bread?" + road, "Jost": "Have you seen my goat?" + road}
     first: list[str] = []
 
     async def one(npc: str) -> None:
@@ -300,7 +348,11 @@ async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine:
                 n.start_soon(one, npc)
     assert sorted(first) == sorted(lines)
     reading = [i for i, b in enumerate(batches) if any(k > 1 for k in b.values())]
-    assert sum(max(batches[i].values()) for i in reading) < sched.hold, batches  # the premise
+    read = sum(max(batches[i].values()) for i in reading)
+    if walk:  # the premise
+        assert sched.hold < read <= sched.hold_burst, (read, batches)
+    else:
+        assert read < sched.hold, batches
     # every prompt is read before any NPC's second token is decoded ...
     assert all(any(k > 1 for k in b.values()) for b in batches[: reading[-1] + 1]), batches
     # ... and then the four speak together
@@ -309,14 +361,15 @@ async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine:
 
 async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(engine: llama.LlamaEngine,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    # Lene asks while Kurt's prompt is being read, and hers is long: Kurt speaks first, then
-    # his next tokens wait for her first word, but never for more than ``hold`` of her tokens
+    # Lene asks while Kurt's prompt is being read, and hers is long (more than hold_burst):
+    # Kurt speaks first, then his next tokens wait for her first word, but never for more
+    # than ``hold`` of her tokens
     sched = engine._gen.scheduler
     batches = record_decodes(monkeypatch)
     kurt = ask("Kurt", "Tell me the longest tale of the valley.", max_tokens=120)
     kurt = msgspec.structs.replace(kurt, instructions=kurt.instructions
                                    + " He knows every mill, ford, feud and flood of the valley for a hundred years." * 12)
-    long_prompt = "Hear the whole history of the valley, its mills, its floods and its feuds. " * 40
+    long_prompt = "Hear the whole history of the valley, its mills, its floods and its feuds. " * 80
     with trio.fail_after(120):
         async with trio.open_nursery() as n:
             n.start_soon(say, engine, kurt)
@@ -336,6 +389,7 @@ async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(engine: lla
             rows = 0
         else:
             break  # both speak: Lene has her first word
+    assert sum(b[lene] for b in batches if set(b) == {lene}) > sched.hold_burst, batches  # the premise
     assert len(gaps) >= 2, (gaps, batches)  # Kurt spoke while her long prompt was read ...
     assert max(gaps) >= sched.hold, gaps  # ... after waiting for it ...
     assert max(gaps) < sched.hold + sched.chunk, (gaps, batches[start - 2:])  # ... for a hold's worth of it at most

@@ -9,7 +9,8 @@ new line. Each pass of the scheduler decodes
 - the last token of every step that is generating (one token each, with logits), in one
   batch, and hands each step the logits of its row (``Job.choose``: each step has its own
   sampler chain and grammar), but for steps held so that NPCs who asked before their
-  first word get theirs sooner (``_holds``, at most ``hold`` prompt tokens); then
+  first word get theirs sooner (``_holds``: through a burst of short prompts, else at
+  most ``hold`` prompt tokens at a time); then
 - up to ``prefill_chunk`` tokens of the oldest prompt still being read (a prompt that
   ends in the pass ends the reading: that NPC's first token comes first), in a batch of
   their own (``_decode`` says why). A new step joins at the next pass; a long
@@ -150,7 +151,7 @@ class Scheduler:
     (steps still running end with ``model_unavailable``)."""
 
     def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_seq: int, n_threads: int,
-                 n_threads_batch: int, prefill_chunk: int, hold: int = 0) -> None:
+                 n_threads_batch: int, prefill_chunk: int, hold: int = 0, hold_burst: int = 0) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
@@ -159,6 +160,7 @@ class Scheduler:
         self.states = states
         self.chunk = max(1, prefill_chunk)
         self.hold = max(0, hold)
+        self.hold_burst = max(0, hold_burst)
         self.n_batch = max(512, self.chunk + n_seq)
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = n_ctx
@@ -584,17 +586,24 @@ class Scheduler:
                 job.held += len(reading[0][1])  # read since the job's last token
 
     def _holds(self, job: Job) -> bool:
-        """First words first: a speaking job's next token waits while a step that asked
-        before its first word still reads its prompt, for at most ``hold`` prompt tokens
-        since its last token. On two cores a speaking NPC's token costs as much as a
-        prompt token or two, so each token decoded in a burst puts back the first word of
-        every NPC still reading (bench/bench_batch.py's 8 NPCs asking at once: without a
-        hold, 28 tokens of the first seven were decoded before the eighth's first word,
-        0.4-0.5 s of its 6 s). An NPC that was already speaking when the others asked is
-        never held: a burst of barks does not slow the conversation the player is in."""
-        if job.held >= self.hold:
+        """First words first: a speaking job's next token waits while steps that asked
+        before its first word still read their prompts: through to their last first word
+        when the tokens it would wait in all (read since its last token, and left to read)
+        come to at most ``hold_burst``, else for at most ``hold`` prompt tokens at a time. On
+        two cores a speaking NPC's token costs as much as a prompt token or two, so each
+        token decoded in a burst puts back the first word of every NPC still reading
+        (bench/bench_batch.py's 8 NPCs asking at once: without a hold, 28 tokens of the
+        first seven were decoded before the eighth's first word, 0.4-0.5 s of its 6 s;
+        with ``hold`` alone, 4 lone decodes, 0.12 s). A long prompt (an NPC back with a long
+        history) holds it for ``hold`` tokens at a time, so its line goes on. An NPC that was
+        already speaking when the others asked is never held: a burst of barks does not
+        slow the conversation the player is in."""
+        if not self.hold:
             return False
-        return any(not j.generating and j.step is not None and j.asked < job.spoke for j in self._active)
+        holders = [j for j in self._active if not j.generating and j.step is not None and j.asked < job.spoke]
+        if not holders:
+            return False
+        return job.held < self.hold or job.held + sum(len(j.pending) for j in holders) <= self.hold_burst
 
     def _reading(self) -> list[tuple[Job, list[int]]]:
         """The next ``chunk`` tokens of the oldest prompt still being read (none if no job

@@ -33,9 +33,11 @@ from ._states import StateCache
 # Prompts are read at most this many tokens per decode (all steps together), with a stop
 # check between chunks; NPCs that are generating add their tokens beside the chunk.
 PREFILL_CHUNK = int(os.environ.get("OAM_LLAMA_PREFILL_CHUNK", "128"))
-# First words first: a speaking NPC's next token waits, for at most this many prompt tokens,
-# while NPCs that asked before its first word read their prompts (_batch.Scheduler._holds)
+# First words first: a speaking NPC's next token waits while NPCs that asked before its first
+# word read their prompts (_batch.Scheduler._holds): until the last of them has its first word
+# when that makes at most HOLD_BURST prompt tokens, else for HOLD prompt tokens at a time
 HOLD = int(os.environ.get("OAM_LLAMA_HOLD", "256"))
+HOLD_BURST = int(os.environ.get("OAM_LLAMA_HOLD_BURST", "1024"))
 DEFAULT_PARALLEL = 8  # NPCs whose steps decode at once ($OAM_LLAMA_PARALLEL)
 DEFAULT_MAX_TOKENS = 512  # a step that may write a tool call or a JSON answer
 SLICE = 512  # a grammar step's retry masks this many best candidates first (Sampling._pick)
@@ -75,7 +77,7 @@ class Generator:
         self.states = states
         self.lock = threading.Lock()  # guards close
         self._banned: dict[bool, Any] = {}  # token ids: see _bans, filled by scan_vocabulary
-        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK, HOLD)
+        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK, HOLD, HOLD_BURST)
 
     def close(self) -> None:
         with self.lock:
