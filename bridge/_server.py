@@ -12,13 +12,17 @@ model) while the reader goes on reading. Turns run in their own tasks.
 
 Leaving (stdin EOF, ``exit``, a signal) is bounded by ``limits.exitGraceMs`` whatever the game
 does: turns are ended (each still gets its terminal event), what can be written is written,
-and what the game does not read by then is dropped, with a line on stderr.
+and what the game does not read by then is dropped, with a line on stderr. Requests read but
+not answered when a signal (or ``exit``) ends serving still get their one response:
+``shutting_down``, the one a request after ``shutdown`` gets (stdin EOF answers them all
+first, as it always did).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -41,6 +45,24 @@ _MAY_WAIT = frozenset({"npc/create", "npc/restore", "tokens/count", "npc/decide"
 RETRY_AFTER_MS = 10
 
 
+@dataclass
+class _Line:
+    """A line being handled: its replies so far and how many of its items were handled."""
+
+    parsed: Parsed
+    replies: list[dict[str, Any]] = field(default_factory=list)
+    done: int = 0
+
+    def refusal(self) -> bytes | None:
+        """The response line when the bridge leaves before handling the rest of the line:
+        each request not handled yet gets ``shutting_down`` (an invalid one its own error)."""
+        err = BridgeError("shutting_down", "the bridge is exiting")
+        for item in self.parsed.items[self.done:]:
+            if item.has_id:
+                self.replies.append(error_response(item.id, item.error if isinstance(item, Invalid) else err))
+        return reply_line(self.parsed, self.replies)
+
+
 class Server:
     """One JSON-RPC connection over a ``ReceiveStream``/``SendStream`` pair, serving a
     ``Service``. It is the service's event sink: events go to the writer as lines.
@@ -57,6 +79,7 @@ class Server:
         self._stop = trio.Event()
         self._processed = trio.Event()
         self._processing = False
+        self._line_scope: trio.CancelScope | None = None  # the processor's line, while handled
         self._handlers: dict[str, Callable[[Any], Any]] = {
             "initialize": self.service.initialize,
             "shutdown": self._shutdown,
@@ -118,17 +141,16 @@ class Server:
         """One line in, the encoded response line (or ``None``) out."""
         return await self.handle(parse_line(line, self.limits.max_nesting_depth))
 
-    async def handle(self, parsed: Parsed) -> bytes | None:
-        replies: list[dict[str, Any]] = []
+    async def handle(self, parsed: Parsed, line: _Line | None = None) -> bytes | None:
+        line = line or _Line(parsed)
         for item in parsed.items:
             if isinstance(item, Invalid):
                 if item.has_id:
-                    replies.append(error_response(item.id, item.error))
-                continue
-            reply = await self._call(item)
-            if reply is not None:
-                replies.append(reply)
-        return reply_line(parsed, replies)
+                    line.replies.append(error_response(item.id, item.error))
+            elif (reply := await self._call(item)) is not None:
+                line.replies.append(reply)
+            line.done += 1
+        return reply_line(parsed, line.replies)
 
     async def _call(self, call: Call) -> dict[str, Any] | None:
         try:
@@ -192,6 +214,8 @@ class Server:
                     nursery.start_soon(self.registry.start)
                 await self._stop.wait()
                 end = trio.current_time() + grace
+                with trio.move_on_at(end - 0.5 * grace):
+                    await self._refuse_unanswered(pending, writer)
                 await self._wind_down(writer, end - 0.15 * grace)
                 nursery.cancel_scope.cancel()
         finally:
@@ -203,6 +227,20 @@ class Server:
         await writer.run()
         if writer.broken:
             self.stop()
+
+    async def _refuse_unanswered(self, pending: PendingLines, writer: Writer) -> None:
+        """Serving ends (a signal, ``exit``, a broken stdout) before what was read is handled:
+        the line the processor is in (an engine starting, say) and the lines queued behind it
+        are answered ``shutting_down``, so every request still gets one response."""
+        queued = pending.drain()
+        pending.close()  # an idle processor leaves its loop
+        if self._line_scope is not None:
+            self._line_scope.cancel()
+        await self._processed.wait()
+        for parsed in queued:
+            assert isinstance(parsed, Parsed)
+            if (out := _Line(parsed).refusal()) is not None:
+                writer.put(out)
 
     async def _wind_down(self, writer: Writer, deadline: float) -> None:
         """End every turn, then write what can be written by ``deadline``; drop the rest."""
@@ -232,6 +270,10 @@ class Server:
                         self.recorder.note(eof=True)
                 for item in items:
                     parsed = self._parse(item)
+                    if self._stop.is_set():  # read after serving ended: _refuse_unanswered
+                        if (out := _Line(parsed).refusal()) is not None:
+                            writer.put(out)
+                        continue
                     if (
                         not self._processing
                         and not len(pending)
@@ -278,10 +320,15 @@ class Server:
                     break
                 assert isinstance(parsed, Parsed)
                 self._processing = True
+                line = _Line(parsed)
                 try:
-                    await writer.wait_room()
-                    out = await self.handle(parsed)
+                    with trio.CancelScope() as self._line_scope:
+                        await writer.wait_room()
+                        out = await self.handle(parsed, line)
+                    if self._line_scope.cancelled_caught:  # leaving: _refuse_unanswered
+                        out = line.refusal()
                 finally:
+                    self._line_scope = None
                     self._processing = False
                 if out is not None:
                     writer.put(out)

@@ -185,6 +185,14 @@ class PendingLines:
         self._closed = True
         self._nonempty.set()
 
+    def drain(self) -> list[object]:
+        """Every item still queued, taken out (the bridge leaves before processing them)."""
+        items = [item for item, _ in self._items]
+        self._items.clear()
+        self._bytes = 0
+        self._below_hard.set()
+        return items
+
     async def wait_below_hard(self) -> None:
         while self.hard_full():
             if self._below_hard.is_set():

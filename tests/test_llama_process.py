@@ -3,7 +3,9 @@ a forced call that is schema-valid. Every stdout line is parsed as JSON by the C
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 
 import jsonschema
 import pytest
@@ -49,3 +51,25 @@ async def test_real_model_calls_a_game_tool_and_finishes_after_submit() -> None:
         await p.process.stdin.aclose()
         with trio.fail_after(10):
             assert await p.process.wait() == 0
+
+
+async def test_a_signal_while_the_engine_starts_still_answers_every_request() -> None:
+    # SIGTERM while npc/create starts the llama engine in a worker thread: the create and the
+    # requests queued behind it each get their one response (shutting_down) before the exit
+    async with trio.open_nursery() as nursery:
+        p = await open_bridge(nursery, "--engine", "llama")
+        c = p.client
+        await c.initialize()
+        lines = [{"jsonrpc": "2.0", "id": 10, "method": "npc/create", "params": {"npcId": "a", "instructions": "You are a guard."}},
+                 {"jsonrpc": "2.0", "id": 11, "method": "npc/respond", "params": {"npcId": "a", "prompt": "Hi"}},
+                 [{"jsonrpc": "2.0", "id": 12, "method": "npc/list"}, {"jsonrpc": "2.0", "method": "npc/list"}]]
+        await c.send_raw(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+        await trio.sleep(0.1)  # read, and the create waits for the engine (about a second)
+        p.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            assert await p.process.wait() == 0
+            await c.eof.wait()
+    answers = [r for r in c.responses if isinstance(r, dict) and r.get("id") in (10, 11)]
+    answers += [r for r in c.responses if isinstance(r, list) for r in r]
+    assert sorted(r["id"] for r in answers) == [10, 11, 12], c.responses
+    assert all(r["error"]["data"]["code"] == "shutting_down" for r in answers), answers
