@@ -45,6 +45,11 @@ _MAY_WAIT = frozenset({"npc/create", "npc/restore", "tokens/count", "npc/decide"
 RETRY_AFTER_MS = 10
 
 
+def _refusals(items: list[Call | Invalid], err: BridgeError) -> list[dict[str, Any]]:
+    """The replies to requests the bridge will not run: ``err``, or an invalid one's own error."""
+    return [error_response(i.id, i.error if isinstance(i, Invalid) else err) for i in items if i.has_id]
+
+
 @dataclass
 class _Line:
     """A line being handled: its replies so far and how many of its items were handled."""
@@ -57,9 +62,7 @@ class _Line:
         """The response line when the bridge leaves before handling the rest of the line:
         each request not handled yet gets ``shutting_down`` (an invalid one its own error)."""
         err = BridgeError("shutting_down", "the bridge is exiting")
-        for item in self.parsed.items[self.done:]:
-            if item.has_id:
-                self.replies.append(error_response(item.id, item.error if isinstance(item, Invalid) else err))
+        self.replies += _refusals(self.parsed.items[self.done:], err)
         return reply_line(self.parsed, self.replies)
 
 
@@ -78,7 +81,6 @@ class Server:
         self._writer: Writer | None = None
         self._stop = trio.Event()
         self._processed = trio.Event()
-        self._processing = False
         self._line_scope: trio.CancelScope | None = None  # the processor's line, while handled
         self._handlers: dict[str, Callable[[Any], Any]] = {
             "initialize": self.service.initialize,
@@ -167,18 +169,9 @@ class Server:
     def _overloaded(self, parsed: Parsed) -> Parsed | None:
         """Past the pending bound: answer the line's requests now (``overloaded``, or their
         own error if invalid) and keep its notifications, which may change state, in order."""
-        replies = []
-        keep: list[Call | Invalid] = []
-        for item in parsed.items:
-            if not item.has_id:
-                if isinstance(item, Call):
-                    keep.append(item)
-            elif isinstance(item, Invalid):
-                replies.append(error_response(item.id, item.error))
-            else:
-                err = BridgeError("overloaded", "too many pending requests; retry later", retryAfterMs=RETRY_AFTER_MS)
-                replies.append(error_response(item.id, err))
-        out = reply_line(parsed, replies)
+        err = BridgeError("overloaded", "too many pending requests; retry later", retryAfterMs=RETRY_AFTER_MS)
+        keep: list[Call | Invalid] = [i for i in parsed.items if not i.has_id and isinstance(i, Call)]
+        out = reply_line(parsed, _refusals(parsed.items, err))
         if out is not None and self._writer is not None:
             self._writer.put(out)
         return Parsed(keep, parsed.batch, parsed.size) if keep else None
@@ -275,7 +268,7 @@ class Server:
                             writer.put(out)
                         continue
                     if (
-                        not self._processing
+                        self._line_scope is None
                         and not len(pending)
                         and writer.has_room()
                         and not any(c.method in _MAY_WAIT for c in parsed.calls)
@@ -319,7 +312,6 @@ class Server:
                 if parsed is None:
                     break
                 assert isinstance(parsed, Parsed)
-                self._processing = True
                 line = _Line(parsed)
                 try:
                     with trio.CancelScope() as self._line_scope:
@@ -329,7 +321,6 @@ class Server:
                         out = line.refusal()
                 finally:
                     self._line_scope = None
-                    self._processing = False
                 if out is not None:
                     writer.put(out)
         finally:
