@@ -26,9 +26,10 @@ NPC generated through the bridge in that repeat (llama-server runs ``--ignore-eo
 every side does the same work; ``--server-tokens full`` asks them for ``--tokens`` each.
 Actual output tokens are printed per side. Aggregate tokens/s = all NPCs' output tokens /
 wall time from sending the first request to the last completion. With more than one repeat
-the ratios are also printed paired by repeat (median and range of each repeat's ratio): the
-two sides of a repeat run seconds apart, medians of each side minutes apart, and on a shared
-machine the speed moves in between.
+the ratios are also printed paired by repeat (median and range of each repeat's ratio, and
+from 5 repeats the bootstrap 90% interval of that median): the two sides of a repeat run
+seconds apart, medians of each side minutes apart, and on a shared machine the speed moves
+in between (a repeat's ratio moved 0.7-1.5 on the 2-core VM).
 
 Threads, the same on both sides: the bridge's ``--llama-threads T`` decodes with T threads and
 reads prompts with every core; llama-server gets ``-t T -tb <cores>``. T defaults to
@@ -59,6 +60,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import random
 import shutil
 import socket
 import statistics as st
@@ -263,11 +265,12 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class Bridge:
-    """An ``oam-bridge`` subprocess; ``root`` is the tree whose ``bridge`` package runs."""
+    """An ``oam-bridge`` subprocess; ``root`` is the tree whose ``bridge`` package runs,
+    ``launcher`` the command that starts it (default ``python -m bridge``)."""
 
-    def __init__(self, args: list[str], root: str = ROOT) -> None:
+    def __init__(self, args: list[str], root: str = ROOT, launcher: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=root)
-        self.p = subprocess.Popen([PY, "-m", "bridge", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.p = subprocess.Popen([*(launcher or [PY, "-m", "bridge"]), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, cwd=root, env=env, bufsize=0)
         self.ids = 0
         self.call("initialize", {"protocolVersion": 1})
@@ -431,9 +434,18 @@ def ratio(a: float, b: float) -> str:
 def paired(a: Side, b: Side, f: Any) -> str:
     """Median and range of a's figure over b's, repeat by repeat: on a noisy machine the two
     sides of one repeat ran a few seconds apart, so the ratio of each pair moves less than a
-    ratio of medians taken minutes apart."""
+    ratio of medians taken minutes apart. From 5 repeats on, also the 90% interval of that
+    median (bootstrap over the repeats): a median above 1 whose interval holds 1 is not
+    a measured loss, nor one below 1 a gain."""
     rs = sorted(f(x) / f(y) for x, y in zip(a.rounds, b.rounds) if f(y))
-    return f"{st.median(rs):.2f} [{rs[0]:.2f}-{rs[-1]:.2f}]" if rs else "n/a"
+    if not rs:
+        return "n/a"
+    interval = ""
+    if len(rs) >= 5:
+        draw = random.Random(len(rs))
+        boot = sorted(st.median(draw.choices(rs, k=len(rs))) for _ in range(2000))
+        interval = f", 90% {boot[100]:.2f}-{boot[1899]:.2f}"
+    return f"{st.median(rs):.2f} [{rs[0]:.2f}-{rs[-1]:.2f}{interval}]"
 
 
 def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
@@ -446,7 +458,7 @@ def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
           f"worst TTFT {ratio(worst(b), worst(s))} (goal <= 1), first NPC's TTFT {ratio(first(b), first(s))}")
     if len(b.rounds) > 1:
         print(f"  the same, paired by repeat (each round against the llama-server round after it; median "
-              f"[range]): tok/s {paired(b, s, lambda q: q.tok_s)}, worst TTFT {paired(b, s, lambda q: max(q.ttft))}")
+              f"[range, 90% interval of the median]): tok/s {paired(b, s, lambda q: q.tok_s)}, worst TTFT {paired(b, s, lambda q: max(q.ttft))}")
     if old is not None:
         print(f"  bridge / baseline: tok/s {ratio(tok(b), tok(old))}{' (goal >= 1)' if n == 1 else ''}, "
               f"first NPC's TTFT {ratio(first(b), first(old))} (goal <= 1), worst TTFT {ratio(worst(b), worst(old))}")
