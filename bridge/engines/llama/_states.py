@@ -58,11 +58,11 @@ class StateCache:
         self._bytes = 0
         self._keys = itertools.count()
         # a row per state, in _states' order: its first HEAD tokens (-1 past its end) and its
-        # length; a state that goes leaves a dead row (key None, head -3, length -1) until
+        # length; a state that goes leaves a dead row (key None, head -1, length -1) until
         # the rows are rebuilt, when they are full
         self._keys_of: list[str | int | None] = []
         self._row: dict[str | int, int] = {}
-        self._heads = np.full((16, HEAD), -3, dtype=np.intc)
+        self._heads = np.full((16, HEAD), -1, dtype=np.intc)
         self._lens = np.full(16, -1, dtype=np.int64)
 
     def put(self, npc_id: str, st: SavedState) -> None:
@@ -99,7 +99,7 @@ class StateCache:
             self._bytes -= old.size
             i = self._row.pop(key)
             self._keys_of[i] = None
-            self._heads[i] = -3
+            self._heads[i] = -1
             self._lens[i] = -1
         return old
 
@@ -108,7 +108,7 @@ class StateCache:
             live = len(self._states) - 1  # the new state has no row yet
             size = len(self._lens) * (2 if 2 * live > len(self._lens) else 1)
             self._keys_of, self._row = [], {}
-            self._heads = np.full((size, HEAD), -3, dtype=np.intc)
+            self._heads = np.full((size, HEAD), -1, dtype=np.intc)
             self._lens = np.full(size, -1, dtype=np.int64)
             for k, old in self._states.items():
                 if k != key:
@@ -118,7 +118,6 @@ class StateCache:
         self._row[key] = i
         m = min(HEAD, st.n_tokens)
         self._heads[i, :m] = st.input_ids[:m]
-        self._heads[i, m:] = -1
         self._lens[i] = st.n_tokens
 
     def _starts(self, ids: Any) -> tuple[list[str | int | None], Any, Any]:
@@ -177,7 +176,7 @@ class StateCache:
             self._states.clear()
             self._bytes = 0
             self._keys_of, self._row = [], {}
-            self._heads[:] = -3
+            self._heads[:] = -1
             self._lens[:] = -1
 
     def __len__(self) -> int:
