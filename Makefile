@@ -1,17 +1,27 @@
-# Set-up is idempotent and fast after the first run: the venv and an install stamp are
-# kept, and pip's wheel cache keeps llama-cpp-python's ~7 minute source build to once.
+# Set-up is idempotent and quiet after the first run: the venv and an install stamp are kept,
+# and the portable llama.cpp wheel (packaging/llama_wheel.sh, ~8 minutes to compile the first
+# time) is kept in a cache folder keyed by its version and build flags.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# llama-cpp-python's version is pinned in pyproject.toml; the flags make it portable: one CPU
+# backend per microarchitecture, the best one chosen at run time (bridge/engines/llama/_cpu.py).
+LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 
-.PHONY: setup test demo bench clean native dist
+.PHONY: setup test demo bench clean native dist system-deps
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,llama]'
-	touch $(STAMP)
+$(STAMP): pyproject.toml packaging/llama_wheel.sh
+	@test -x $(BIN)/python || { echo "setup: creating $(VENV)"; $(PY) -m venv $(VENV); }
+	@$(BIN)/pip install -q --upgrade pip
+	@wheel=$$(LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  PYTHON=$(BIN)/python packaging/llama_wheel.sh) && \
+	  echo "setup: installing $$(basename $$wheel)" && \
+	  $(BIN)/pip install -q --force-reinstall --no-deps "$$wheel"
+	@echo "setup: installing the Python dependencies into $(VENV) (about a minute the first time)"
+	@$(BIN)/pip install -q -e '.[test,llama]'
+	@touch $(STAMP)
 
 setup: $(STAMP)
 
@@ -37,8 +47,11 @@ native:
 	  PATH="$$PATH:/opt/swift/usr/bin" swift test --package-path native -q; \
 	else echo "native: no Swift toolchain; skipping the native library"; fi
 
+system-deps:
+	@packaging/system_deps.sh
+
 # mypy reads its settings (strict, files = bridge) from pyproject.toml's [tool.mypy].
-test: setup native
+test: system-deps setup native
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 	@if test -x engine_clients/run_tests.sh; then engine_clients/run_tests.sh; fi

@@ -34,6 +34,8 @@ sys.path.insert(0, ROOT)
 
 import httpx  # noqa: E402
 
+from bridge.engines.llama._cpu import llama_cpp_server_command  # noqa: E402
+
 SYSTEM = "You are Brann, the gate guard of Eldmoor. You are gruff but fair. Answer in one sentence."
 PROMPT = "Good evening, guard. May I enter the town?"
 MAX_TOKENS = 48
@@ -62,7 +64,7 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 def start_llama_cpp_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "8192",
+        [*llama_cpp_server_command(), "--model", model, "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "8192",
          "--interrupt_requests", "False", "--verbose", "False"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -124,8 +126,10 @@ def main() -> None:
     from llama_cpp import Llama
 
     from bridge.engines.llama import default_model_path
+    from bridge.engines.llama._cpu import load_backends
 
     model = default_model_path()
+    load_backends()  # the portable build's CPU backend: llama.cpp loads no model without one
     vocab = Llama(model_path=model, vocab_only=True, verbose=False)
 
     def count(text: str) -> int:

@@ -35,6 +35,7 @@ import httpx  # noqa: E402
 import trio  # noqa: E402
 
 from bridge.engines.base import GenerationOptions, Message, StepRequest, TextChunk  # noqa: E402
+from bridge.engines.llama._cpu import llama_cpp_server_command  # noqa: E402
 from bridge.engines.openai import OpenAIEngine  # noqa: E402
 
 INSTRUCTIONS = "You are Brann, the gate guard of Eldmoor. You are gruff but fair. Answer in one sentence."
@@ -48,7 +49,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", default_model_path(), "--host", "127.0.0.1",
+    proc = subprocess.Popen([*llama_cpp_server_command(), "--model", default_model_path(), "--host", "127.0.0.1",
                              "--port", str(port), "--n_threads", "1", "--interrupt_requests", "False", "--verbose", "False"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"

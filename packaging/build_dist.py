@@ -66,6 +66,16 @@ def source_files() -> list[Path]:
     return [p for p in files if "__pycache__" not in p.parts]
 
 
+def llama_library_files() -> list[list[str | int]]:
+    """llama.cpp's libraries as installed (name, size): its lib folder and the CPU variants."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
+    files = [*lib.glob("*"), *(lib.parent.parent / "bin").glob("libggml-cpu-*")]
+    return sorted([p.name, p.stat().st_size] for p in files if p.is_file())  # lists: as JSON reads back
+
+
 def digest(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -90,6 +100,8 @@ def inputs(model: Path | None, native: Path | None) -> dict[str, object]:
         # the model is 94 MiB: its size and mtime stand for its bytes
         "model": None if model is None else [str(model), model.stat().st_size, model.stat().st_mtime_ns],
         "native": None if native is None else [str(native), digest(native)],
+        # a portable and a native build of the same llama-cpp-python version differ here
+        "llama_libs": llama_library_files(),
     }
 
 

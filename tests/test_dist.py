@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -54,10 +54,11 @@ def dist_exe() -> Path:
 
 
 @asynccontextmanager
-async def frozen_bridge(exe: Path, cwd: Path, *args: str) -> AsyncIterator[Proc]:
-    """The built bridge, started from ``cwd`` with a clean environment."""
+async def frozen_bridge(exe: Path, cwd: Path, *args: str, wrapper: Sequence[str] = ()) -> AsyncIterator[Proc]:
+    """The built bridge, started from ``cwd`` with a clean environment; ``wrapper`` is a
+    command that execs it (the process is still the bridge's, e.g. chroot)."""
     process = await trio.lowlevel.open_process(
-        [str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(cwd), env=CLEAN_ENV
+        [*wrapper, str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(cwd), env=CLEAN_ENV
     )
     assert process.stdin and process.stdout
     p = Proc(process, Client(process.stdin, process.stdout))
@@ -73,15 +74,21 @@ async def frozen_bridge(exe: Path, cwd: Path, *args: str) -> AsyncIterator[Proc]
             nursery.cancel_scope.cancel()
 
 
-def foreign_libraries(pid: int) -> list[str]:
-    """Shared libraries mapped by ``pid`` from outside the dist folder, glibc's aside."""
+def mapped_libraries(pid: int) -> set[str]:
+    """The shared libraries ``pid`` maps, as this process sees their paths."""
     paths = set()
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         parts = line.split(maxsplit=5)
         if len(parts) == 6 and ".so" in parts[5]:
             paths.add(parts[5].strip())
-    dist = str(DIST.resolve())
-    return sorted(p for p in paths if not os.path.realpath(p).startswith(dist + os.sep) and not os.path.basename(p).startswith(SYSTEM_LIBS))
+    return paths
+
+
+def foreign_libraries(pid: int, folder: Path = DIST) -> list[str]:
+    """Shared libraries mapped by ``pid`` from outside the dist folder (``folder``: where the
+    process sees it), glibc's aside."""
+    dist = str(folder.resolve())
+    return sorted(p for p in mapped_libraries(pid) if not os.path.realpath(p).startswith(dist + os.sep) and not os.path.basename(p).startswith(SYSTEM_LIBS))
 
 
 async def run_scenario(c: Client) -> list[str]:

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import trio
 
 from bridge.engines import llama
+from bridge.engines.llama._cpu import llama_cpp_server_command
 
 from .conftest import ROOT, Proc, open_bridge
 
@@ -65,7 +65,7 @@ def server_url() -> Iterator[str]:
     (``--interrupt_requests False``: a new request waits instead of cutting the running one)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", llama.default_model_path(), "--host", "127.0.0.1",
+        [*llama_cpp_server_command(), "--model", llama.default_model_path(), "--host", "127.0.0.1",
          "--port", str(port), "--n_threads", "1", "--interrupt_requests", "False", "--verbose", "False"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
     )

@@ -138,6 +138,8 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
     reason: str | None = None
     context_size: int = 0
     features: list[str] = []
+    # llama: the build of llama.cpp's CPU backend in use ("haswell", "zen4", ... or "built in")
+    cpu_variant: str | None = None
 
 
 class Engine(Protocol):

@@ -21,6 +21,7 @@ from bridge.engines.base import (
 )
 from bridge.errors import BridgeError
 
+from ._cpu import variant as cpu_variant
 from ._grammar import CallSniffer, build_grammar
 from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
 from ._prompt import PromptRenderer, turn_start
@@ -109,7 +110,8 @@ class LlamaEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(name="llama", available=self._available and self._llm is not None,
-                          reason=self._reason, context_size=self._n_ctx, features=list(FEATURES))
+                          reason=self._reason, context_size=self._n_ctx, features=list(FEATURES),
+                          cpu_variant=cpu_variant())
 
     def _tokens(self, prompt: str) -> list[int]:
         """The prompt's tokens; any thread. Tokenizing only reads the vocabulary; the count

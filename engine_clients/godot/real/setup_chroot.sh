@@ -2,7 +2,8 @@
 # Creates (once) and caches a Debian sid chroot with Godot 4 and a Python venv holding the
 # bridge's dependencies, so the addon can run in real Godot on a host whose Debian is too old.
 #
-#   setup_chroot.sh            prints the chroot's directory (creating it the first time)
+#   setup_chroot.sh            prints the chroot's directory (creating it the first time, and
+#                              again when pyproject.toml's dependencies change)
 #
 # OAM_GODOT_CHROOT  where the chroot is cached (default /var/cache/oam-bridge/godot-sid)
 # OAM_DEBIAN_MIRROR the Debian mirror (default http://deb.debian.org/debian)
@@ -15,12 +16,25 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
 STAMP=.oam-godot-ready
 log() { echo "setup_chroot: $*" >&2; }
 
-if [ -f "$ROOT/$STAMP" ]; then echo "$ROOT"; exit 0; fi
+# The bridge's runtime dependencies (pyproject.toml), one requirement a line. The stamp holds
+# them: a chroot whose venv was made for other requirements is rebuilt, and so is one made by
+# an earlier version of this script (an empty stamp), which lost their version bounds.
+WANT=$(python3 - "$REPO/pyproject.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+block = re.search(r'^dependencies = \[(.*?)\]', text, re.S | re.M).group(1)
+print("\n".join(re.findall(r'"([^"]+)"', block)))
+PY
+)
+mapfile -t DEPS <<< "$WANT"
+ready() { [ -f "$ROOT/$STAMP" ] && [ "$(cat "$ROOT/$STAMP")" = "$WANT" ]; }
+
+if ready; then echo "$ROOT"; exit 0; fi
 [ "$(id -u)" = 0 ] || { log "needs root (debootstrap, chroot, mount)"; exit 2; }
 mkdir -p "$(dirname "$ROOT")"
 exec 9>"$ROOT.lock"
 flock 9
-if [ -f "$ROOT/$STAMP" ]; then echo "$ROOT"; exit 0; fi   # another run made it meanwhile
+if ready; then echo "$ROOT"; exit 0; fi   # another run made it meanwhile
 
 if ! command -v debootstrap >/dev/null; then
     log "installing debootstrap"
@@ -54,19 +68,16 @@ cp /etc/resolv.conf "$WORK/etc/resolv.conf" 2>/dev/null || true
 log "apt-get install godot python3 python3-venv"
 chroot "$WORK" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
     sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends godot python3 python3-venv' >&2
-# The bridge's runtime dependencies (pyproject.toml), in a venv inside the chroot.
-DEPS=$(python3 - "$REPO/pyproject.toml" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-block = re.search(r'^dependencies = \[(.*?)\]', text, re.S | re.M).group(1)
-print(" ".join(re.findall(r'"([^"]+)"', block)))
-PY
-)
-log "venv with: $DEPS"
-chroot "$WORK" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-    PIP_CERT=/etc/ssl/certs/oam-host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    sh -c "python3 -m venv /opt/oam-venv && /opt/oam-venv/bin/pip install -q $DEPS" >&2
-# `oam-bridge` on PATH inside the chroot runs the bind-mounted checkout (see run_in_chroot.sh).
+# The bridge's runtime dependencies, in a venv inside the chroot: each requirement is one
+# argument, so its version bound reaches pip (unquoted, `>=0.25` is a shell redirection).
+log "venv with: ${DEPS[*]}"
+in_chroot() {
+    chroot "$WORK" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+        PIP_CERT=/etc/ssl/certs/oam-host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 "$@" >&2
+}
+in_chroot python3 -m venv /opt/oam-venv
+in_chroot /opt/oam-venv/bin/pip install -q "${DEPS[@]}"
+# `oam-bridge` on PATH inside the chroot runs the checkout run_real.py bind-mounts at /oam/repo.
 cat > "$WORK/usr/local/bin/oam-bridge" <<'SH'
 #!/bin/sh
 PYTHONPATH=/oam/repo${PYTHONPATH:+:$PYTHONPATH} exec /opt/oam-venv/bin/python -m bridge "$@"
@@ -75,7 +86,7 @@ chmod +x "$WORK/usr/local/bin/oam-bridge"
 mkdir -p "$WORK/oam/repo"
 chroot "$WORK" godot --version >&2
 cleanup; MOUNTS=()
-touch "$WORK/$STAMP"
+printf '%s\n' "$WANT" > "$WORK/$STAMP"
 rm -rf "$ROOT"
 mv "$WORK" "$ROOT"
 log "ready: $ROOT"

@@ -327,6 +327,7 @@ namespace Oam.Bridge
             Reason = o.Value<string>("reason");
             ContextSize = o.Value<int?>("contextSize") ?? 0;
             Features = (o["features"] as JArray)?.Select(f => (string)f).ToList() ?? new List<string>();
+            CpuVariant = o.Value<string>("cpuVariant");
         }
 
         public string Name { get; }
@@ -334,6 +335,9 @@ namespace Oam.Bridge
         public string Reason { get; }
         public int ContextSize { get; }
         public IReadOnlyList<string> Features { get; }
+        /// <summary>llama: the build of llama.cpp's CPU backend in use ("haswell", "zen4", ...), once
+        /// its model has loaded; null before and for the other engines.</summary>
+        public string CpuVariant { get; }
 
         internal static List<EngineInfo> ListOf(JToken t) =>
             (t as JArray)?.OfType<JObject>().Select(e => new EngineInfo(e)).ToList() ?? new List<EngineInfo>();
