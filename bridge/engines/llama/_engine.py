@@ -37,6 +37,11 @@ COUNT_CACHE_SIZE = 512  # prompts whose token count is remembered
 # was given (bench/bench_quality.py, "grounded"). $OAM_LLAMA_FACT_BIAS; 0 turns it off.
 FACT_BIAS = 4.0
 FACT_BIAS_MAX_VALUES = 3  # more values than this in a step's tool results: no bias
+# The numbers the game's tools answered (a count, a price: _prompt.values_to_say) are said in
+# the line's first sentence, not only favoured (_worker.Sampling._ground): a bias alone left
+# the demo's count to a near tie that CPU variants decided differently (bench/bench_grounded.py).
+# $OAM_LLAMA_GROUNDED=0 turns it off (the bias alone, as before).
+GROUNDED = True
 NAME_BIAS = 6.0  # toward the NPC's name when the player asks for it (once, like FACT_BIAS)
 RECENT_LINES = 2  # the NPC's last lines that the repetition penalties count as said
 
@@ -76,6 +81,7 @@ class LlamaEngine:
         self._counts: OrderedDict[bytes, int] = OrderedDict()
         self._states = StateCache(cache_bytes)
         self.fact_bias = float(os.environ.get("OAM_LLAMA_FACT_BIAS", FACT_BIAS))
+        self.grounded = os.environ.get("OAM_LLAMA_GROUNDED", "1" if GROUNDED else "0") != "0"
         if not ok:
             return
         if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
@@ -187,10 +193,13 @@ class LlamaEngine:
             spoken = request.schema is None and not (request.tools and request.tool_mode == "required")
             boost: dict[int, float] = {}
             values = self._renderer.fact_values(request.messages) if spoken else []
+            say = self._renderer.said_values(request.messages) if spoken and self.grounded else []
             if self.fact_bias and len(values) <= FACT_BIAS_MAX_VALUES:
                 # a few values only: favouring a whole menu's prices makes the model say
                 # strings of digits ("2513 20")
                 for v in values:
+                    if v in say:
+                        continue  # favoured where a number may start, and said (_worker.Sampling._ground)
                     for form in (" " + v, v):
                         ids = self._tokens(form)
                         if ids:
@@ -203,8 +212,8 @@ class LlamaEngine:
                         boost[ids[0]] = NAME_BIAS
             recent: list[int] = []
             # The NPC's last lines count as said, except where a bias favours the facts or the
-            # name: those should be said even if an earlier line said them.
-            if spoken and not boost:
+            # name, or a count must be said: those should be said even if an earlier line said them.
+            if spoken and not boost and not say:
                 lines = [m.content for m in request.messages if m.role == "assistant" and m.content][-RECENT_LINES:]
                 if start >= 0 and request.messages[start].name:
                     # another NPC's line: the bundled model otherwise says it back word for word
@@ -212,7 +221,7 @@ class LlamaEngine:
                 recent = self._tokens(" ".join(lines)) if lines else []
             unlabel = spoken and any(m.role == "user" and m.name for m in request.messages)
             done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, spoken,
-                                      request.speaker if spoken else None, stop, emit, boost, recent, unlabel)
+                                      request.speaker if spoken else None, stop, emit, boost, recent, unlabel, say)
             if done is not None:
                 emit(("done", *done))
 

@@ -41,6 +41,25 @@ _MAYBE_LABEL = re.compile(rf"(?:{_NAME_WORD}(?: {_NAME_WORD}){{0,2}} ?)?")
 _LABEL_MAX = 48  # characters: a label is short
 
 
+# Whole numbers a line may say as a word: "three" says 3 as well as "3" does.
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+
+
+def value_pattern(value: str) -> re.Pattern[str]:
+    """Where a line says ``value`` (a number as ``_prompt.values_to_say`` gives it): its
+    digits as a whole number ("3", not the 3 of "30", "13", "3rd", "2.3" or "3:10"), a
+    thousands separator allowed ("1,200"), or a small whole number's word ("three")."""
+    forms = [re.escape(value)]
+    if value.isdigit():
+        n = int(value)
+        if len(value) > 3:
+            forms.append(re.escape(f"{n:,}"))
+        if n < len(NUMBER_WORDS):
+            forms.append(NUMBER_WORDS[n])
+    return re.compile(rf"(?<![\w.,:/])(?:{'|'.join(forms)})(?![\w]|[.,:/]\d)", re.I)
+
+
 def _norm(sentence: str) -> tuple[str, ...]:
     return tuple(_WORDS.findall(sentence.lower()))
 

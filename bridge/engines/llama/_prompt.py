@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Any
@@ -97,6 +98,64 @@ def _words(content: str) -> str:
     return say(value)
 
 
+# Numbers a tool answered that the NPC's line must say (``values_to_say``).
+SAY_MAX_VALUES = 2  # more numbers than this in a step's tool results (a menu, a position): none
+SAY_MAX_DIGITS = 6  # longer numbers are ids or timestamps, not something an NPC says
+SAY_MAX_DECIMALS = 2  # 2.5 gold is said; 0.7312 is a ratio for the game, not the player
+# Words of a key that make its number an identifier, a timestamp, a version or a coordinate,
+# never said ("id", "orderId", "npc_id", "timestamp", "createdAt", "x"); the key's words as
+# ``_key`` splits them.
+NOT_SAID_KEYS = frozenset({
+    "id", "ids", "uuid", "guid", "key", "hash", "code", "seed", "version", "revision", "rev", "index",
+    "idx", "timestamp", "date", "at", "epoch", "ms", "port", "x", "y", "z",
+})
+
+
+def _said_number(key: str | None, v: Any) -> str | None:
+    """How ``v`` (a value under ``key``) is said, if it is a number the line must say."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    if key is not None and NOT_SAID_KEYS & set(re.split(r"[\s-]+", _key(key))):
+        return None
+    if isinstance(v, float):
+        if v.is_integer():
+            v = int(v)
+        else:
+            text = repr(v)
+            if "e" in text or len(text.split(".")[1]) > SAY_MAX_DECIMALS:
+                return None
+            return text if len(text.split(".")[0]) <= SAY_MAX_DIGITS else None
+    return str(v) if len(str(v)) <= SAY_MAX_DIGITS else None
+
+
+def values_to_say(outputs: list[Any]) -> list[str]:
+    """The numbers in the tool outputs ``outputs`` (decoded JSON) that an NPC's line must
+    say: a count, a price, an amount (``{"item": "ale", "inStock": 3}``: ``3``), in order,
+    each once. Not said: booleans (``{"ok": true}``), strings (names are only favoured: see
+    ``fact_values``), negative numbers, numbers under a key naming an identifier, a
+    timestamp, a version or a coordinate (``NOT_SAID_KEYS``: ``id``, ``orderId``,
+    ``timestamp``, ``x``), numbers of more than ``SAY_MAX_DIGITS`` digits or
+    ``SAY_MAX_DECIMALS`` decimals; and none at all when more than ``SAY_MAX_VALUES`` qualify
+    (a menu: a line cannot say every price, and the game that wants one said names it in its
+    own line)."""
+    said: list[str] = []
+
+    def walk(key: str | None, v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(str(k), x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(key, x)
+        elif (text := _said_number(key, v)) is not None:
+            said.append(text)
+
+    for out in outputs:
+        walk(None, out)
+    said = list(dict.fromkeys(said))
+    return said if len(said) <= SAY_MAX_VALUES else []
+
+
 def turn_start(messages: list[Message]) -> int:
     """Where the turn being generated starts: the index of its prompt line (the last user
     message, the player's or another speaker's: see ``base.user_text``), or -1 when there
@@ -174,6 +233,20 @@ class PromptRenderer:
                 except ValueError:
                     pass
         return list(dict.fromkeys(values))
+
+    @staticmethod
+    def said_values(messages: list[Message]) -> list[str]:
+        """The values the NPC's line must say (``Sampling`` makes sure it does): the counts and
+        amounts the game's tools answered in the turn being generated, as they would be said
+        (``3``, ``2.5``). See ``values_to_say`` for which numbers qualify."""
+        outputs = []
+        for m in messages[turn_start(messages) + 1 :]:
+            if m.role == "tool" and not m.is_error:
+                try:
+                    outputs.append(json.loads(m.content))
+                except ValueError:
+                    pass
+        return values_to_say(outputs)
 
     @staticmethod
     def chat_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import logging
 import math
 import os
 import re
@@ -26,7 +27,7 @@ import trio
 from bridge.engines.base import GenerationOptions, Usage
 from bridge.errors import BridgeError
 
-from ._lines import SpokenLine
+from ._lines import NUMBER_WORDS, SpokenLine, value_pattern
 from ._batch import Job, Scheduler
 from ._states import StateCache
 
@@ -55,10 +56,33 @@ DRY_BASE = 1.75
 DRY_ALLOWED = 2
 DRY_BREAKERS = ["\n", ":", '"', "*"]
 
+# A spoken line after a tool round says the numbers the game's tools answered
+# (``_prompt.values_to_say``) in its first sentence, which cannot end before it has
+# (``Sampling._ground``): a value is said where its logit comes within SAY_TAKE of the best
+# token's; once the model would have ended the sentence, within SAY_TAKE + SAY_PRESS for each
+# token since; SAY_PRESS_TOKENS tokens after that (or when maxTokens would cut it), whatever
+# the model prefers. Chosen with bench/bench_grounded.py's lines: with SAY_TAKE 1 most counts
+# came from the press, after the model had said the opposite ("No, I don't have ale left,
+# 3."); with 2 most come early ("No, 3.", "I have 3 ale, but ..."). $OAM_LLAMA_GROUNDED=0
+# turns it off.
+SAY_BIAS = 4.0  # the values' logit bias where a number may start (FACT_BIAS, without its "14")
+SAY_TAKE = 2.0
+SAY_PRESS = 2.0
+SAY_PRESS_TOKENS = 4
+# What may come before a value said without a leading space ("(3", "$3", a space token).
+_OPENERS = frozenset("\"'“‘([$£€#")
+
+log = logging.getLogger("oam_bridge.llama")
+
 Emit = Callable[[tuple[Any, ...]], None]
 
 # Where a line introduces its speaker ("I'm ...", "my name is ..."): see Generator._said_instead.
 _INTRO = re.compile(r"(?:\bI['’]m|\bI am|\bmy name is|\bname['’]s|\bcall me|\bcalled)$", re.I)
+# Tokens that end a sentence or the line (the end-of-generation tokens too), and tokens that
+# would glue onto a number just said ("3" + "0", "3" + "rd", "3" + ".5", "3" + ":10"): see
+# Sampling._ground.
+_ENDS = re.compile(rb"[.!?\n\r]|\xe2\x80\xa6")
+_GLUED = re.compile(rb"\w|[.,:/]\d")
 # Capitalized words that follow "I'm" without being a name.
 _NOT_NAMES = frozenset({"A", "An", "The", "Not", "Sorry", "Afraid", "Glad", "Happy", "Just", "So", "Here", "Still",
                         "Always", "Only", "Sure", "Fine", "Well", "Very", "Too", "No", "Yes", "Your", "Going", "I"})
@@ -108,14 +132,25 @@ class Generator:
         vocab = llm._model.vocab
         control: list[int] = []
         braces: list[int] = []
+        enders: list[int] = []
+        glued: list[int] = []
         for tok in range(llm.n_vocab()):
             if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                enders.append(tok)
                 continue
             if llama_cpp.llama_vocab_is_control(vocab, tok):
                 control.append(tok)
-            elif b"{" in (p := llm._model.token_to_piece(tok)) or b"}" in p:
+                continue
+            p = llm._model.token_to_piece(tok)
+            if b"{" in p or b"}" in p:
                 braces.append(tok)
+            if _ENDS.search(p):
+                enders.append(tok)
+            if _GLUED.match(p):
+                glued.append(tok)
         self._banned = {False: np.array(control, dtype=np.intc), True: np.array(sorted(control + braces), dtype=np.intc)}
+        self._enders = np.array(enders, dtype=np.intc)
+        self._glued = np.array(glued, dtype=np.intc)
 
     def candidates(self, row: Any, pre: Any) -> Any:
         """The vocabulary's candidates with the logits of ``row``, after the chain ``pre``
@@ -222,6 +257,7 @@ class Generator:
         self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
         spoken: bool, speaker: str | None, stop: threading.Event, emit: Emit,
         boost: dict[int, float] | None = None, recent: list[int] | None = None, unlabel: bool = False,
+        say: list[str] | None = None,
     ) -> tuple[Usage, str] | None:
         """Runs one step: emits ``("text", delta)`` items, returns (usage, finish reason),
         or None when stopped before the prompt was read. ``spoken``: the answer is a line of
@@ -232,7 +268,8 @@ class Generator:
         as already said (a small model otherwise says the same line every turn; only on a
         step without a grammar, whose state they would not fit); ``unlabel``: other speakers'
         lines are in the prompt, so a ``Name:`` label the model starts the line with is
-        dropped (``SpokenLine``)."""
+        dropped (``SpokenLine``); ``say``: values a spoken line must say in its first
+        sentence (``Sampling._ground``)."""
         from llama_cpp.llama_grammar import LlamaGrammar
 
         llm = self.llm
@@ -241,7 +278,7 @@ class Generator:
         if stop.is_set():
             return None
         grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
-        step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel)
+        step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel, say)
         # KV cells the answer may take: a spoken line can become a call batch (see Sampling)
         reserve = min(max(step.limit, DEFAULT_MAX_TOKENS if spoken and not opts.max_tokens else 0),
                       self.n_ctx - len(tokens))
@@ -252,15 +289,33 @@ class Generator:
         return Usage(input_tokens=len(tokens), output_tokens=step.out, cached_tokens=job.cached), finish
 
 
+class Value:
+    """A value a spoken line must say (``_prompt.values_to_say``): where a line says it
+    (``_lines.value_pattern``), and the tokens that say it after a space (``spaced``) and
+    after nothing (``bare``): its digits first, then a small whole number's word."""
+
+    __slots__ = ("text", "pattern", "spaced", "bare")
+
+    def __init__(self, text: str, tokenize: Callable[[str], list[int]]) -> None:
+        self.text = text
+        self.pattern = value_pattern(text)
+        words = [text]
+        if text.isdigit() and int(text) < len(NUMBER_WORDS):
+            words.append(NUMBER_WORDS[int(text)])
+        self.spaced = [t for w in words if (t := tokenize(" " + w))]
+        self.bare = [t for w in words if (t := tokenize(w))]
+
+
 class Sampling:
     """One step's token choice, called by the scheduler with the step's row of logits after
     each decode (``choose``): its own sampler chain (bans, penalties, grammar, greedy or
     seeded sampling), the NPC's name said where it introduces itself, fact biases dropped
-    once said, and ``SpokenLine`` shaping a line of dialogue."""
+    once said, the values the game's tools answered said in the line's first sentence
+    (``_ground``), and ``SpokenLine`` shaping a line of dialogue."""
 
     def __init__(self, gen: Generator, tokens: list[int], grammar: Any, opts: GenerationOptions, spoken: bool,
                  speaker: str | None, emit: Emit, boost: dict[int, float] | None, recent: list[int] | None,
-                 unlabel: bool) -> None:
+                 unlabel: bool, say: list[str] | None = None) -> None:
         import numpy as np
 
         llm = gen.llm
@@ -300,7 +355,16 @@ class Sampling:
         self.out = 0
         self.finish = "length"
         self.said = ""  # the step's text as generated, before SpokenLine shapes it
-        self.forced: list[int] = []  # tokens of the NPC's name being said instead of another
+        self.forced: list[int] = []  # tokens said without sampling: the rest of a name or a value
+
+        def tokenize(text: str) -> list[int]:
+            return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+        self.say = [Value(v, tokenize) for v in say or []] if spoken else []  # not said yet
+        self.pressed = -1  # tokens since the model would have ended the sentence (-1: it has not)
+        self.guard = -1  # where a value just said ends: the next tokens may not glue onto it
+        self.how: list[tuple[str, str]] = []  # (value, how it came to be said): see _ground
+        self.offered: dict[int, list[int]] = {}  # this token's favoured value starts (_ground)
         self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def choose(self, ctx: Any, idx: int) -> int | None:
@@ -309,19 +373,29 @@ class Sampling:
 
         if self.out >= self.max_tokens:
             return None
+        if self.forced and not self._allows(self.forced[0]):
+            self.forced = []  # a grammar's text branch takes any name or number: never here
         if self.forced:
             tok = self.forced.pop(0)
-            self._accept(tok)  # penalties and the grammar see the name as said
+            self._accept(tok)  # penalties and the grammar see the name or the value as said
         else:
             row = llama_cpp.llama_get_logits_ith(ctx.ctx, idx)
             self._adjust(row)
-            if self.rules is None:
-                tok = self.sampler.sample(ctx, idx)  # the chain has seen it (llama_sampler_sample)
+            value = self._ground(row) if self.say or self.guard >= 0 else None
+            if value is not None:
+                tok, self.forced = value[0], value[1:]
+                self._accept(tok)
             else:
-                tok = self._pick(row)
-            self._seen(tok)
-            if self.name_tokens and (name := self.gen._said_instead(self.said, tok, self.name_tokens)):
-                tok, self.forced = name[0], name[1:]
+                if self.rules is None:
+                    tok = self.sampler.sample(ctx, idx)  # the chain has seen it (llama_sampler_sample)
+                else:
+                    tok = self._pick(row)
+                self._seen(tok)
+                if (start := self.offered.get(tok)) is not None:
+                    self.forced = start[1:]  # the model chose a favoured value: all of it is said
+                elif self.name_tokens and (name := self.gen._said_instead(self.said, tok, self.name_tokens)):
+                    tok, self.forced = name[0], name[1:]
+            self.offered = {}
         if tok in self.boost:  # a fact was said: favour it no more (it would repeat)
             del self.boost[tok]
             self._boosts()
@@ -331,6 +405,8 @@ class Sampling:
         self.out += 1
         piece = self.dec.decode(self.model.token_to_piece(tok).rstrip(b"\x00"))
         self.said += piece
+        if self.say and not self.forced:
+            self._check_said()
         line = self.line
         if line is not None:
             piece = line.feed(piece, self.out)
@@ -343,6 +419,114 @@ class Sampling:
             self.finish = "stop"
             return None
         return tok
+
+    def _ground(self, ptr: Any) -> list[int] | None:
+        """The tokens of a value to say now, or None to sample; ``ptr``, the step's row of
+        logits, loses the tokens that would end the sentence while a value is not said.
+
+        A spoken line after a tool round says the numbers the tools answered
+        (``self.say``) before its first sentence ends: until then no token that ends a
+        sentence or the line (``. ! ? …``, a line break, end of generation) may be sampled.
+        Where a number may start (not right after a digit), the values' digits are favoured
+        (``SAY_BIAS``), and a value the model starts is said whole. A value is said where the
+        model finds it nearly as likely as its best token (within ``SAY_TAKE`` of the best
+        logit, after the bans, penalties and boosts); once the model's best token would have
+        ended the sentence (or the line is past half its ``maxTokens``, where ``SpokenLine``
+        ends it at the next sentence end), within ``SAY_PRESS`` more for each token since,
+        and ``SAY_PRESS_TOKENS`` tokens after that whatever it prefers, or sooner when
+        ``maxTokens`` would cut the line before it (a ``maxTokens`` of fewer tokens than the
+        first word and the values leaves no room for them). The choice
+        depends on the row's logits alone, never on the seed's draws: a line at any
+        temperature says the value, and a near tie between CPUs moves where it is said,
+        not whether. A call batch (a step that may still call a tool) is left alone."""
+        import numpy as np
+
+        gen = self.gen
+        row = np.ctypeslib.as_array(ptr, shape=(gen.n_vocab,))
+        if self.guard >= 0:  # a value just said stays that number: not "30", "3rd", "3.5", "3:10"
+            after = self.said[self.guard:]
+            if after in ("", ".", ",", ":", "/"):
+                row[gen._glued] = -np.inf
+            if after:
+                self.guard = -1
+        line = self.line
+        if not self.say or line is None or line.passthrough:
+            return None
+        best = float(row.max())
+        ending = float(row[gen._enders].max()) >= best
+        row[gen._enders] = -np.inf
+        if line.passthrough is False and self.pressed < 0 and (ending or self.out >= line.soft_tokens):
+            self.pressed = 0  # the sentence would have ended, or should (SpokenLine's soft limit)
+        pressed = self.pressed
+        if pressed >= 0:
+            self.pressed += 1
+        need = sum(len(v.spaced[0]) if v.spaced else 0 for v in self.say)  # the values left, in digits
+        force = pressed >= SAY_PRESS_TOKENS or self.max_tokens - self.out <= need + 1
+        last = self.said[-1:]
+        if last.isdigit() and not force:  # a value here would run on from the model's number
+            return None
+        # the tokens that start a value here: its digits or word after a space, an opening
+        # quote or bracket, or at the start; " 3" (a space token, then "3") after a word. The
+        # digits are favoured; a word ("three") is said where the model finds it likely, never
+        # to open the line (it would be in lower case).
+        bare = not last or last.isspace() or last in _OPENERS
+        starts: dict[int, tuple[Value, list[int]]] = {}
+        for v in self.say:
+            for i, form in enumerate(v.bare if bare else v.spaced):
+                if i == 0 or self.said.strip():
+                    starts.setdefault(form[0], (v, form))  # a start two values share: the first's
+        digits = {(v.bare if bare else v.spaced)[0][0] for v in self.say if (v.bare if bare else v.spaced)}
+        row[np.fromiter(digits, dtype=np.intc, count=len(digits))] += SAY_BIAS
+        self.offered = {tok: form for tok, (_v, form) in starts.items()}
+        if line.passthrough is None:  # a line that opens with the number runs into sums ("4 * 10")
+            return None
+        ids = np.fromiter(starts, dtype=np.intc, count=len(starts))
+        best = float(row.max())
+        tok = int(ids[np.argmax(row[ids])])
+        gap = best - float(row[tok])
+        value, toks = starts[tok]
+        if not self._allows(tok):
+            return None
+        if force:
+            how = "forced"
+        elif gap <= SAY_TAKE + SAY_PRESS * max(pressed, 0):
+            how = "taken" if pressed < 0 else "pressed"
+        else:
+            return None
+        log.debug("said %r (%s: %.2f below the best token, %d tokens after the sentence would have ended)",
+                  value.text, how, gap, max(pressed, 0))
+        self.how.append((value.text, how))
+        return list(toks)
+
+    def _check_said(self) -> None:
+        """Values the line has said leave ``say`` (with their boosts); one said at the end of
+        the text so far keeps the next tokens from gluing onto it (``_ground``)."""
+        for v in list(self.say):
+            m = v.pattern.search(self.said)
+            if m is None:
+                continue
+            self.say.remove(v)
+            if not self.how or self.how[-1][0] != v.text:
+                self.how.append((v.text, "model"))
+            self.pressed = -1
+            if m.end() == len(self.said):
+                self.guard = m.end()
+            for form in v.spaced + v.bare:
+                self.boost.pop(form[0], None)
+            self._boosts()
+
+    def _allows(self, tok: int) -> bool:
+        """Whether the step's grammar (if any) allows ``tok`` next."""
+        import llama_cpp
+        import numpy as np
+
+        if self.rules is None:
+            return True
+        one: Any = (llama_cpp.llama_token_data * 1)()
+        one[0].id, one[0].logit, one[0].p = tok, 0.0, 0.0
+        single = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.rules.sampler, ctypes.byref(single))
+        return bool(one[0].logit != -np.inf)
 
     def _boosts(self) -> None:
         import numpy as np
