@@ -189,6 +189,28 @@ async def open_bridge(nursery: trio.Nursery, *args: str, env: dict[str, str] | N
     return p
 
 
+@asynccontextmanager
+async def bridge_process(argv: list[str], cwd: str | os.PathLike[str], env: dict[str, str]) -> AsyncIterator[Proc]:
+    """``argv`` (a bridge, or a command that execs one) started from ``cwd`` with ``env``
+    exactly; killed on the way out if still running."""
+    import subprocess
+
+    process = await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, cwd=str(cwd), env=env)
+    assert process.stdin and process.stdout
+    p = Proc(process, Client(process.stdin, process.stdout))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(p.client.run_reader)
+        nursery.start_soon(p.drain_stderr)
+        try:
+            yield p
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+            nursery.cancel_scope.cancel()
+
+
 @pytest.fixture
 async def proc() -> AsyncIterator[Proc]:
     async with trio.open_nursery() as nursery:

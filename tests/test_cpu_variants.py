@@ -19,8 +19,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ import trio
 
 from bridge.engines.llama import _cpu
 
-from .conftest import BRIDGE_CMD, ROOT, Client, Proc
+from .conftest import BRIDGE_CMD, ROOT, Proc, bridge_process
 from .test_dist import dist_exe  # noqa: F401,F811 - the fixture: make dist's build
 from .test_llama_steering import pytestmark as _needs_model
 
@@ -59,28 +58,14 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@asynccontextmanager
-async def bridge_on(cpu: str | None, cmd: list[str], shim: Path | None, env: dict[str, str], cwd: str) -> AsyncIterator[Proc]:
+def bridge_on(cpu: str | None, cmd: list[str], shim: Path | None, env: dict[str, str], cwd: str) -> AbstractAsyncContextManager[Proc]:
     """``cmd`` started under qemu-user's ``cpu`` model (natively when None), its execs too."""
     argv, env = list(cmd), dict(env)
     if cpu is not None:
         assert QEMU and shim
         env.update(OAM_QEMU=QEMU, OAM_QEMU_CPU=cpu, OAM_QEMU_PRELOAD=str(shim))
         argv = [QEMU, "-cpu", cpu, "-E", f"LD_PRELOAD={shim}", *argv]
-    process = await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, cwd=cwd, env=env)
-    assert process.stdin and process.stdout
-    p = Proc(process, Client(process.stdin, process.stdout))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(p.client.run_reader)
-        nursery.start_soon(p.drain_stderr)
-        try:
-            yield p
-        finally:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-            nursery.cancel_scope.cancel()
+    return bridge_process(argv, cwd, env)
 
 
 async def one_turn(p: Proc, max_tokens: int) -> tuple[str, str]:

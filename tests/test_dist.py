@@ -16,15 +16,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from .conftest import ROOT, Client, Proc, RpcError
+from .conftest import ROOT, Client, Proc, RpcError, bridge_process
 
 DIST = Path(ROOT) / "dist" / "oam-bridge"
 EXE = DIST / "oam-bridge"
@@ -53,25 +53,10 @@ def dist_exe() -> Path:
     return EXE
 
 
-@asynccontextmanager
-async def frozen_bridge(exe: Path, cwd: Path, *args: str, wrapper: Sequence[str] = ()) -> AsyncIterator[Proc]:
+def frozen_bridge(exe: Path, cwd: Path, *args: str, wrapper: Sequence[str] = ()) -> AbstractAsyncContextManager[Proc]:
     """The built bridge, started from ``cwd`` with a clean environment; ``wrapper`` is a
     command that execs it (the process is still the bridge's, e.g. chroot)."""
-    process = await trio.lowlevel.open_process(
-        [*wrapper, str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(cwd), env=CLEAN_ENV
-    )
-    assert process.stdin and process.stdout
-    p = Proc(process, Client(process.stdin, process.stdout))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(p.client.run_reader)
-        nursery.start_soon(p.drain_stderr)
-        try:
-            yield p
-        finally:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-            nursery.cancel_scope.cancel()
+    return bridge_process([*wrapper, str(exe), *args], cwd, CLEAN_ENV)
 
 
 def mapped_libraries(pid: int) -> set[str]:
