@@ -157,3 +157,17 @@ async def test_a_llama_turn_on_an_older_cpu_through_the_dist(cpu: str, variant: 
         with trio.fail_after(QEMU_DEADLINE):
             got, text = await one_turn(p, 2)
     assert got == variant and text.strip(), (got, text)
+
+
+async def test_the_dist_copied_without_its_symlinks_still_finds_its_cpu_backend(dist_exe: Path, tmp_path: Path) -> None:
+    # A game's build step may copy the folder with its symlinks made into files (Unity's
+    # File.Copy does): _internal/libggml.so.0, which libllama loads, is then another copy of
+    # llama_cpp/lib/libggml.so.0, and a backend registered in that one left libllama none
+    # ("Failed to load model from file").
+    flat = tmp_path / "flat"
+    shutil.copytree(dist_exe.parent, flat, symlinks=False)
+    assert not [p for p in flat.rglob("*") if p.is_symlink()]
+    async with bridge_on(None, [str(flat / dist_exe.name), "--engine", "llama"], None, {"PATH": "/usr/bin:/bin"}, str(tmp_path)) as p:
+        with trio.fail_after(120):
+            variant, text = await one_turn(p, 4)
+    assert variant in installed() and text.strip()

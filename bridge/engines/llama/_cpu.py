@@ -57,17 +57,27 @@ def variants() -> dict[str, Path]:
 
 
 def _ggml() -> ctypes.CDLL:
-    """libggml as libllama linked it. The wheel holds ``libggml.so`` and ``libggml.so.0`` as
-    separate copies; backends registered in the one libllama does not use stay unseen."""
+    """libggml as libllama linked it: backends registered in another copy of it stay unseen
+    by libllama. The wheel holds ``libggml.so`` and ``libggml.so.0`` as separate copies, and
+    a game's build step may turn the dist's symlinks into copies (Unity's File.Copy does), so
+    the library is found by its soname among those already loaded (``import llama_cpp``
+    loaded it with libllama), and by its path only where that fails."""
+    candidates: list[tuple[str, int]] = []
+    if sys.platform.startswith("linux"):
+        candidates.append(("libggml.so.0", os.RTLD_NOLOAD))
     lib = _lib_dir()
-    for name in ("libggml.so.0", "libggml.so", "libggml.dylib", "ggml.dll"):
-        if (lib / name).exists():
-            g = ctypes.CDLL(str(lib / name))
-            g.ggml_backend_load.restype = ctypes.c_void_p
-            g.ggml_backend_load.argtypes = [ctypes.c_char_p]
-            g.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
-            g.ggml_backend_reg_count.restype = ctypes.c_size_t
-            return g
+    candidates += [(str(lib / n), ctypes.DEFAULT_MODE) for n in ("libggml.so.0", "libggml.so", "libggml.dylib", "ggml.dll")
+                   if (lib / n).exists()]
+    for name, mode in candidates:
+        try:
+            g = ctypes.CDLL(name, mode=mode)
+        except OSError:
+            continue
+        g.ggml_backend_load.restype = ctypes.c_void_p
+        g.ggml_backend_load.argtypes = [ctypes.c_char_p]
+        g.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        g.ggml_backend_reg_count.restype = ctypes.c_size_t
+        return g
     raise BridgeError("model_unavailable", f"llama.cpp's libggml was not found in {lib}")
 
 
