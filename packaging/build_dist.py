@@ -72,7 +72,9 @@ def llama_library_files() -> list[list[str | int]]:
     if spec is None or not spec.submodule_search_locations:
         return []
     lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
-    files = [*lib.glob("*"), *(lib.parent.parent / "bin").glob("libggml-cpu-*")]
+    from bridge.engines.llama._cpu import variants
+
+    files = [*lib.glob("*"), *variants().values()]
     return sorted([p.name, p.stat().st_size] for p in files if p.is_file())  # lists: as JSON reads back
 
 
