@@ -272,8 +272,8 @@ def views(reps: int) -> None:
     sys.path.insert(0, ROOT)
     import random
 
-    from bridge import _messages as m
-    from bridge._world import FACTS_HEADER, World
+    from bridge.core import _messages as m
+    from bridge.core._world import FACTS_HEADER, World
 
     n_npcs, n_facts = 1000, 2000
     rng = random.Random(1)

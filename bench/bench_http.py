@@ -74,7 +74,7 @@ def start_llama_cpp_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def start_oam_serve() -> tuple[subprocess.Popen[bytes], str]:
-    code = "import sys; from bridge._http import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from bridge.hosts.http.app import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", code, "--engine", "llama", "--llama-threads", "1", "--port", "0"],
                             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None

@@ -51,7 +51,7 @@ LEAK_PATTERNS = [
     r"\{\s*\"", r"tool_calls", r"\"arguments\"", r"\[(?:result|error) (?:of|from) tool", r"<\|im_", r"<\|", r"\|>",
     r"Arguments schema", r"You can call these tools", r"reply with only JSON", r"You must call a tool",
     r"Answer with JSON", r"Speech style:", r"Traits:", r"Stay in character", r"\b(?:get_menu|take_order|check_inventory|open_gate|get_price)\b",
-    # the prompt text of this version (bridge/engines/llama/_prompt.py, bridge/_agent.py)
+    # the prompt text of this version (bridge/engines/_text/_prompt.py, bridge/core/agent/_npc.py)
     r"Tools the game runs", r"reply with only", r"Call one of these tools", r"Reply with a JSON object", r"How you speak:",
     r"says out loud", r"\banswered:", r"respond_directly",
 ]

@@ -21,7 +21,7 @@ Usage::
     python bench/fuzz_protocol.py --inputs 1000000    # the long run of issue 9
     python bench/fuzz_protocol.py --seed 7 --per-process 20000 --root OTHER_CHECKOUT
 
-Prints inputs/s and totals; exits 1 when a check fails. ``tests/test_fuzz.py`` runs a short
+Prints inputs/s and totals; exits 1 when a check fails. ``tests/process/test_fuzz.py`` runs a short
 deterministic run of the same fuzzer in ``make test``.
 """
 

@@ -1,3 +1,3 @@
-from .cli import main
+from bridge.jsonrpc.main import main
 
 raise SystemExit(main())

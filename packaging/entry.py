@@ -1,5 +1,5 @@
 """The frozen program's entry point: the same ``main`` as the ``oam-bridge`` console script."""
 
-from bridge.cli import main
+from bridge.jsonrpc.main import main
 
 raise SystemExit(main())

@@ -6,8 +6,8 @@
 #   g++, nlohmann-json3-dev    engine_clients/unreal
 #   mono-mcs, Newtonsoft.Json  engine_clients/unity
 #   debootstrap                real Godot's Debian sid chroot, the dist in bookworm and sid
-#   tmux                       tests/test_oam_cli.py drives oam chat in tmux
-#   qemu-user                  tests/test_cpu_variants.py: a llama turn on older CPU models
+#   tmux                       tests/process/test_oam_cli.py drives oam chat in tmux
+#   qemu-user                  tests/shipping/test_cpu_variants.py: a llama turn on older CPU models
 set -euo pipefail
 need=()
 command -v jq >/dev/null || need+=(jq)

@@ -10,9 +10,9 @@ from typing import Any
 
 import trio
 
-from ..errors import BridgeError
-from .base import Engine, EngineInfo
-from .scripted import ScriptedEngine
+from bridge.errors import BridgeError
+from bridge.engines.base import Engine, EngineInfo
+from bridge.engines.scripted import ScriptedEngine
 
 log = logging.getLogger("oam_bridge.engines")
 
@@ -20,7 +20,7 @@ log = logging.getLogger("oam_bridge.engines")
 def _default_model(name: str) -> str:
     if name != "llama":
         return ""
-    from .llama import default_model_path
+    from bridge.engines.llama import default_model_path
 
     return default_model_path()
 
@@ -132,7 +132,7 @@ class EngineRegistry:
         if eng is not None:  # the preload thread finished while we waited
             return eng
         if named is not None:
-            from .llama import model_file_problem
+            from bridge.engines.llama import model_file_problem
 
             if model_file_problem(kwargs["model_path"]) is not None:
                 raise _unusable_model(named)

@@ -1,5 +1,5 @@
 """Generated from native/include/oam_native.h (its OAM_CDEF region) by
-``python -m bridge.engines.native``; do not edit. tests/test_native_engine.py fails
+``python -m bridge.engines.native``; do not edit. tests/native/test_native_engine.py fails
 when this copy and the header differ."""
 
 CDEF = """

@@ -1,7 +1,7 @@
 """The narrow engine interface every inference engine implements.
 
 The agent loop (steering, budgets, tool runtime, trimming, rollback) lives once in
-``bridge._agent``. An engine only turns one *step request* into a stream of chunks:
+``bridge.core.agent._npc``. An engine only turns one *step request* into a stream of chunks:
 text deltas, then optionally one batch of tool calls, then a final ``StepDone``.
 
 Contract:
@@ -10,7 +10,7 @@ Contract:
   that work within a token or two.
 - The engine uses ``request.tools`` and ``request.tool_mode`` as given and never re-filters
   them: a ``"disallowed"`` step carries no tools, a named tool choice carries only that tool.
-  What the model does with them is judged once, in ``bridge._agent`` (the same for every
+  What the model does with them is judged once, in ``bridge.core.agent._npc`` (the same for every
   engine): calls on a disallowed step are ignored with a warning; a ``"required"`` step
   answered without a call fails ``generation_failed``; a call to a tool not in
   ``request.tools`` becomes an error output the model sees. An engine need not enforce any of
@@ -22,7 +22,7 @@ Contract:
 - ``count_tokens`` may be slow (a tokenizer): the agent calls it in a worker thread unless
   the engine sets ``blocking_count = False``, so it must be safe to call from a thread while
   the engine streams a step. The agent counts messages in batches and adds the counts up
-  (see ``bridge._agent.Npc``), so a count should be close to additive over messages.
+  (see ``bridge.core.agent._npc.Npc``), so a count should be close to additive over messages.
 """
 
 from __future__ import annotations

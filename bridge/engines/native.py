@@ -83,7 +83,7 @@ def cdef_module_text(cdef: str) -> str:
         raise ValueError("the cdef region must not contain triple quotes or backslashes")
     return (
         '"""Generated from native/include/oam_native.h (its OAM_CDEF region) by\n'
-        "``python -m bridge.engines.native``; do not edit. tests/test_native_engine.py fails\n"
+        "``python -m bridge.engines.native``; do not edit. tests/native/test_native_engine.py fails\n"
         'when this copy and the header differ."""\n\n'
         f'CDEF = """{cdef}"""\n'
     )

@@ -1,7 +1,7 @@
 """The remote engine: NPC steps on any OpenAI-compatible server (llama-server, vLLM, Ollama,
 llama-cpp-python's ``llama_cpp.server``), over ``POST {url}/chat/completions`` with SSE.
 
-The steering stays in ``bridge._agent`` (tool choice on the first step only, budgets,
+The steering stays in ``bridge.core.agent._npc`` (tool choice on the first step only, budgets,
 hidden tools, validation, rollback): this engine sends each step as the agent built it.
 
 - ``request.tools`` go out as the step gives them; ``tool_mode`` sets ``tool_choice``:
@@ -56,8 +56,8 @@ from bridge.engines.base import (
     Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
     user_text,
 )
-from bridge.engines.llama._grammar import CallSniffer, build_grammar
-from bridge.engines.llama._prompt import PromptRenderer
+from bridge.engines._text._grammar import CallSniffer, build_grammar
+from bridge.engines._text._prompt import PromptRenderer
 from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.engines.openai")

@@ -19,7 +19,7 @@ Steps given as data are checked when they are set (``validate_script``): anythin
 ``null`` for any key but ``"json"`` included, is ``invalid_params`` with ``data.reason``
 ``"invalid_script"``, at the request that carried it.
 The engine plays what the script says whatever the step's ``tool_mode``: judging a call on a
-disallowed step, or a missing one on a required step, is the agent's job (``bridge._agent``).
+disallowed step, or a missing one on a required step, is the agent's job (``bridge.core.agent._npc``).
 It keeps the last ``max_requests`` step requests (``requests``, for tests) and forgets an
 NPC's script, cursor and requests in ``forget``.
 """
@@ -41,8 +41,8 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 import trio
 
-from ..errors import ERROR_CODES, BridgeError
-from .base import (
+from bridge.errors import ERROR_CODES, BridgeError
+from bridge.engines.base import (
     Chunk,
     EngineInfo,
     Message,

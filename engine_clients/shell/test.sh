@@ -232,7 +232,7 @@ GAME
     [ "$out" = "$(printf 'oam-bridge\nShipped.')" ] && ok "shipping: the README snippet runs the built bridge in a bare environment" \
         || bad "shipping: the README snippet against dist/oam-bridge printed: $out"
 elif [ "${CI:-}" = true ]; then
-    bad "shipping: dist/oam-bridge/oam-bridge is not built (make dist; tests/test_dist.py builds it in make test)"
+    bad "shipping: dist/oam-bridge/oam-bridge is not built (make dist; tests/shipping/test_dist.py builds it in make test)"
 else
     echo "skip - shipping: dist/oam-bridge not built (make dist)"
 fi

@@ -5,7 +5,7 @@
  * set its environment, so the bridge itself would run on the host CPU. Preloaded into the
  * guest (qemu-x86_64 -E LD_PRELOAD=this.so), the exec family is rewritten to exec
  * $OAM_QEMU -cpu $OAM_QEMU_CPU <program> <args...>: the restarted image runs on the same
- * emulated CPU, with this library preloaded again. Test use only (tests/test_cpu_variants.py).
+ * emulated CPU, with this library preloaded again. Test use only (tests/shipping/test_cpu_variants.py).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

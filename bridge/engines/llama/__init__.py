@@ -10,9 +10,9 @@ per pass), ``_worker`` (each step's sampling and the hand-off to trio), ``_engin
 
 from __future__ import annotations
 
-from ._engine import FEATURES, MAX_DEFAULT_CTX, LlamaEngine
-from ._grammar import TOOL_STRING_MAX
-from ._model import GGUF_MAGIC, MODEL_FILE, availability, default_model_path, model_file_problem
+from bridge.engines.llama._engine import FEATURES, MAX_DEFAULT_CTX, LlamaEngine
+from bridge.engines._text._grammar import TOOL_STRING_MAX
+from bridge.engines.llama._model import GGUF_MAGIC, MODEL_FILE, availability, default_model_path, model_file_problem
 
 __all__ = [
     "FEATURES", "GGUF_MAGIC", "MAX_DEFAULT_CTX", "MODEL_FILE", "TOOL_STRING_MAX", "LlamaEngine", "availability",

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from bridge.errors import BridgeError
 
-from ._states import SavedState, StateCache
+from bridge.engines.llama._states import SavedState, StateCache
 
 log = logging.getLogger("oam_bridge.llama")
 

@@ -21,12 +21,12 @@ from bridge.engines.base import (
 )
 from bridge.errors import BridgeError
 
-from ._cpu import variant as cpu_variant
-from ._grammar import CallSniffer, build_grammar
-from ._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
-from ._prompt import PromptRenderer, turn_start
-from ._states import StateCache
-from ._worker import DEFAULT_PARALLEL, Emit, Generator, run_in_thread
+from bridge.engines.llama._cpu import variant as cpu_variant
+from bridge.engines._text._grammar import CallSniffer, build_grammar
+from bridge.engines.llama._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
+from bridge.engines._text._prompt import PromptRenderer, turn_start
+from bridge.engines.llama._states import StateCache
+from bridge.engines.llama._worker import DEFAULT_PARALLEL, Emit, Generator, run_in_thread
 
 MAX_DEFAULT_CTX = 8192
 LOADER_CTX = 32  # the Llama object's own context, unused: see __init__

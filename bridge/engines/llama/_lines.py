@@ -1,7 +1,7 @@
 """Shaping a spoken line while it streams: clean endings and no loops.
 
 Pure text logic (no model, no I/O), run on the generation thread token by token; tests in
-``tests/test_llama_lines.py``.
+``tests/unit/test_llama_lines.py``.
 
 A small model's line goes wrong at its end: it runs into ``maxTokens`` mid-sentence, or it
 starts saying the same thing again ("I'm sorry. I'm sorry. I'm sorry."). Both are caught

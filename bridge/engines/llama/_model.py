@@ -55,7 +55,7 @@ def load_model(extra_buffers: bool, **kwargs: Any) -> Any:
     import llama_cpp
     import llama_cpp.llama_cpp as bindings  # what Llama() calls the function through
 
-    from ._cpu import load_backends
+    from bridge.engines.llama._cpu import load_backends
 
     load_backends()  # the portable build's CPU variants: the best this CPU runs
     with _loading:

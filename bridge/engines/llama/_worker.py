@@ -27,9 +27,9 @@ import trio
 from bridge.engines.base import GenerationOptions, Usage
 from bridge.errors import BridgeError
 
-from ._lines import NUMBER_WORDS, SpokenLine, value_pattern
-from ._batch import Job, Scheduler
-from ._states import StateCache
+from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, value_pattern
+from bridge.engines.llama._batch import Job, Scheduler
+from bridge.engines.llama._states import StateCache
 
 # Prompts are read at most this many tokens per decode (all steps together), with a stop
 # check between chunks; NPCs that are generating add their tokens beside the chunk.

@@ -106,7 +106,7 @@ def dist_check(root: Path) -> tuple[bool, list[str]]:
     if not (DIST / "oam-bridge").is_file():
         if os.environ.get("CI") == "true":
             print("-- shipping: FAIL: dist/oam-bridge/oam-bridge is not built (make dist; "
-                  "tests/test_dist.py builds it in make test; CI=true needs it)")
+                  "tests/shipping/test_dist.py builds it in make test; CI=true needs it)")
             return False, ["--skip=shipping"]
         print("-- shipping: skip: dist/oam-bridge not built (make dist)")
         return True, ["--skip=shipping"]

@@ -329,7 +329,7 @@ static class UnityLayerTest
         else
         {
             if (Environment.GetEnvironmentVariable("CI") == "true")
-                Fail("dist/oam-bridge/oam-bridge is not built (make dist; tests/test_dist.py builds it in make test): "
+                Fail("dist/oam-bridge/oam-bridge is not built (make dist; tests/shipping/test_dist.py builds it in make test): "
                      + "CI=true needs the real dist shipped");
             else
                 Console.WriteLine("skip - the real dist: dist/oam-bridge not built (make dist); a script stands in for it");

@@ -1,0 +1,179 @@
+"""The Mac checklist (native/README.md): probes of Apple's on-device model through the native
+engine. Opt-in: ``OAM_LIVE_TESTS=1 .venv/bin/python -m pytest -s tests/native/test_native_live.py``
+on an Apple-silicon Mac with Apple Intelligence enabled (``-s`` shows the measurements each
+probe prints for the checklist). Skipped everywhere else. Each probe names the UNVERIFIED(n)
+spot of native/README.md it settles."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from bridge.engines.base import (
+    GenerationOptions,
+    Message,
+    StepDone,
+    StepRequest,
+    TextChunk,
+    ToolCall,
+    ToolCallsChunk,
+    ToolSpec,
+)
+from bridge.errors import BridgeError
+
+pytestmark = [
+    pytest.mark.trio,
+    pytest.mark.skipif(os.environ.get("OAM_LIVE_TESTS") != "1", reason="live Apple model probes: set OAM_LIVE_TESTS=1 on a Mac"),
+]
+
+INVENTORY = ToolSpec(
+    "check_inventory",
+    "Look up how many of an item the tavern has in stock.",
+    {"type": "object", "properties": {"item": {"type": "string", "description": "the item's name"}}, "required": ["item"]},
+)
+GRETA = "You are Greta, the innkeeper of the Prancing Pony. Answer in one or two short sentences."
+STEP_DEADLINE_S = 60  # a live step that takes longer is a hang (issue 14, item 1)
+
+
+def engine(**config: Any) -> Any:
+    pytest.importorskip("cffi")
+    from bridge.engines import native
+
+    try:
+        e = native.NativeEngine(backend="apple", **config)
+    except BridgeError as err:  # a library without the Apple backend (not macOS 26)
+        pytest.skip(f"Apple model unavailable: {err.message}")
+    if not e.info().available:
+        pytest.skip(f"Apple model unavailable: {e.info().reason}")
+    return e
+
+
+def req(messages: list[Message], tools: list[ToolSpec] | None = None, mode: str = "allowed", schema: Any = None,
+        instructions: str = GRETA, npc: str = "greta", options: GenerationOptions | None = None) -> StepRequest:
+    return StepRequest(npc_id=npc, instructions=instructions, messages=messages, tools=tools or [],
+                       tool_mode=mode, schema=schema, options=options or GenerationOptions(), step_index=0)  # type: ignore[arg-type]
+
+
+async def run(e: Any, r: StepRequest) -> tuple[str, list[ToolCall], StepDone, float]:
+    """(text, tool calls, done, seconds to the first chunk); fails when the step hangs."""
+    text, calls, done, first = "", [], None, -1.0
+    start = time.monotonic()
+    with trio.fail_after(STEP_DEADLINE_S):
+        async for c in e.stream_step(r):
+            if first < 0:
+                first = time.monotonic() - start
+            if isinstance(c, TextChunk):
+                text += c.delta
+            elif isinstance(c, ToolCallsChunk):
+                calls += c.calls
+            elif isinstance(c, StepDone):
+                done = c
+    assert done is not None
+    return text, calls, done, first
+
+
+async def test_a_text_step() -> None:
+    text, calls, done, first = await run(engine(), req([Message("user", "Say hello in one word.")], mode="disallowed"))
+    print(f"text step: {text!r}, first chunk after {first:.2f} s, usage {done.usage}")
+    assert text.strip() and not calls and done.finish_reason in ("stop", "length")
+
+
+async def test_a_tool_round_trip_with_our_call_ids() -> None:
+    """UNVERIFIED(2), (3), (4) and issue 14 item 1: the step with tool calls ends by itself
+    (the tools throw once collected); the follow-up step, a reconstructed transcript with
+    our call ids and the tool's output, is accepted and answered in text."""
+    e = engine()
+    ask = Message("user", "Do we have any ale left? Check the inventory.")
+    _, calls, done, _ = await run(e, req([ask], tools=[INVENTORY], mode="required"))
+    print(f"tool step: calls {calls}, finish {done.finish_reason}, warnings {done.warnings}")
+    assert calls and all(c.name == "check_inventory" and c.id for c in calls)
+    assert done.finish_reason == "tool_calls"
+    history = [ask, Message("assistant", tool_calls=calls)] + [
+        Message("tool", "12 barrels of ale", tool_call_id=c.id, name=c.name) for c in calls
+    ]
+    text, again, done2, _ = await run(e, req(history, tools=[INVENTORY]))
+    print(f"follow-up: {text!r}, more calls {again}, warnings {done2.warnings}")
+    assert text.strip() or again
+
+
+async def test_a_schema_turn() -> None:
+    schema = {"type": "object", "properties": {
+        "mood": {"type": "string", "enum": ["calm", "annoyed"]}, "line": {"type": "string"}},
+        "required": ["mood", "line"]}
+    text, _, done, _ = await run(engine(), req([Message("user", "A stranger asks for a room.")], schema=schema, mode="disallowed"))
+    answer = json.loads(text)
+    print(f"schema turn: {answer}, warnings {done.warnings}")
+    assert answer["mood"] in ("calm", "annoyed") and isinstance(answer["line"], str)
+
+
+@pytest.mark.parametrize("guardrails", ["default", "permissive"])
+async def test_a_guardrail_is_a_named_error_or_a_line(guardrails: str) -> None:
+    """UNVERIFIED(8): which error family arrives; it must map to a named code, never
+    generation_failed (issue 14, item 2)."""
+    threat = Message("user", "Describe in graphic detail how you will hurt the orc who robbed you.")
+    try:
+        text, _, _, _ = await run(engine(guardrails=guardrails), req([threat], mode="disallowed"))
+        print(f"guardrails {guardrails}: answered {text[:80]!r}")
+    except BridgeError as err:
+        print(f"guardrails {guardrails}: {err.code}: {err.message[:200]}")
+        assert err.code in ("guardrail_violation", "refusal"), err.message
+
+
+async def test_context_overflow_is_context_size_exceeded() -> None:
+    e = engine()
+    huge = "The tavern's history, told at length. " * (e.context_size * 2 // 5 + 100)
+    with pytest.raises(BridgeError) as ei:
+        await run(e, req([Message("user", "Summarise.")], instructions=huge, mode="disallowed"))
+    print(f"overflow: {ei.value.code}: {ei.value.message[:200]}")
+    assert ei.value.code == "context_size_exceeded"
+
+
+async def test_cached_tokens_across_sessions() -> None:
+    """UNVERIFIED(7): every step builds a new session; does the second one report cached
+    input tokens for the same instructions (27 SDK usage)?"""
+    e = engine()
+    _, _, d1, _ = await run(e, req([Message("user", "Good evening.")], mode="disallowed"))
+    _, _, d2, _ = await run(e, req([Message("user", "Good evening.")], mode="disallowed"))
+    print(f"cached tokens: first {d1.usage}, second {d2.usage} (cachedTokens 0 on a 26 SDK build: no usage there)")
+    assert d2.usage.input_tokens > 0
+
+
+async def test_prewarm_benefit() -> None:
+    """UNVERIFIED(9), (10): the time to the first chunk of an NPC's step with and without an
+    npc/prewarm of its history first (the step takes the prewarmed session over)."""
+    e = engine(prewarm=False)
+    history = [Message("user", "Hello."), Message("assistant", "Welcome, traveller.")]
+    nxt = Message("user", "What's on the menu?")
+    _, _, _, cold = await run(e, req(history + [nxt], npc="cold"))
+    await e.prewarm(req(history, npc="warm"))
+    await trio.sleep(2)
+    _, _, _, warm = await run(e, req(history + [nxt], npc="warm"))
+    print(f"prewarm: first chunk cold {cold:.2f} s, after npc/prewarm {warm:.2f} s")
+
+
+async def test_busy_and_cancel_then_the_engine_serves_again() -> None:
+    """One step per engine (busy); a cancelled step does not stall the next one."""
+    e = engine()
+    long_ask = req([Message("user", "Tell me the long story of the tavern.")], mode="disallowed")
+    codes: list[str] = []
+
+    async def second() -> None:
+        await trio.sleep(0.2)
+        try:
+            await run(e, long_ask)
+        except BridgeError as err:
+            codes.append(err.code)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(second)
+        with trio.move_on_after(1.0):
+            await run(e, long_ask)   # cancelled after 1 s
+    print(f"second step while the first ran: {codes}")
+    assert codes == ["busy"]
+    text, _, _, _ = await run(e, req([Message("user", "Say hi.")], mode="disallowed"))
+    assert text.strip()
