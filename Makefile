@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON
 
-.PHONY: setup test demo bench clean native dist system-deps
+.PHONY: setup check lint format test demo bench clean native dist system-deps
 
 $(STAMP): pyproject.toml packaging/llama_wheel.sh
 	@test -x $(BIN)/python || { echo "setup: creating $(VENV)"; $(PY) -m venv $(VENV); }
@@ -50,9 +50,24 @@ native:
 system-deps:
 	@packaging/system_deps.sh
 
-# mypy reads its settings (strict, files = bridge) from pyproject.toml's [tool.mypy].
-test: system-deps setup native
+# ruff (format and lint) and mypy (strict, files = bridge) read their settings from
+# pyproject.toml. `make format` rewrites what `make lint` would refuse.
+lint: setup
+	$(BIN)/ruff format --check --quiet
+	$(BIN)/ruff check --quiet
 	$(BIN)/python -m mypy
+
+format: setup
+	$(BIN)/ruff format --quiet
+	$(BIN)/ruff check --quiet --fix
+
+# The quick loop (docs/contributing.md): lint, the unit and contract tests; no model, no
+# native library, no subprocess-heavy suites. A few minutes.
+check: lint
+	$(BIN)/python -m pytest -q tests/unit tests/contract
+
+# The whole suite, as CI runs it: the model, native, process and shipping tests, every client.
+test: system-deps setup native lint
 	$(BIN)/python -m pytest -q
 	@if test -x engine_clients/run_tests.sh; then engine_clients/run_tests.sh; fi
 

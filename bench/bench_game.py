@@ -2,7 +2,7 @@
 
 Prints three tables, each with its baseline measured in the same run:
 
-1. **Routing** (research.md's experiment on the bundled model): a tavern keeper with two
+1. **Routing** (docs/design-notes.md, "Choosing when to call a tool"): a tavern keeper with two
    tools, ``get_menu`` (what the tavern serves and the prices) and ``take_order`` (the player
    has just ordered), and lines whose right first action is known (a menu lookup, an order,
    small talk: no tool). Three policies: ``auto``; ``tool_or_answer`` (``required`` plus the
@@ -44,13 +44,20 @@ MENU = {"ale": "2 copper", "stew": "5 copper", "bread": "1 copper", "mead": "3 c
 TOOLS = [
     {
         "name": "get_menu",
-        "description": "Look up what the tavern serves and what each thing costs. Use it when the player asks what there is or what something costs.",
+        "description": (
+            "Look up what the tavern serves and what each thing costs. "
+            "Use it when the player asks what there is or what something costs."
+        ),
         "parameters": {"type": "object", "properties": {}},
     },
     {
         "name": "take_order",
         "description": "The player has just ordered food or drink: put the order in.",
-        "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": sorted(MENU)}}, "required": ["item"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"item": {"type": "string", "enum": sorted(MENU)}},
+            "required": ["item"],
+        },
     },
 ]
 # (line, the right first action: a tool's name, or "none" for an answer without tools)
@@ -66,7 +73,12 @@ ROUTING = [
     ("Terrible weather out there, isn't it?", "none"),
     ("Thanks, have a good night!", "none"),
 ]
-KEEPER = {"name": "Greta", "role": "the keeper of the Rusty Flagon tavern", "traits": ["gruff", "warm-hearted"], "speechStyle": "Short, plain sentences."}
+KEEPER = {
+    "name": "Greta",
+    "role": "the keeper of the Rusty Flagon tavern",
+    "traits": ["gruff", "warm-hearted"],
+    "speechStyle": "Short, plain sentences.",
+}
 ROUTE_OPTIONS = [
     {"name": "get_menu", "description": "look up the menu and prices: the player asks what there is or what it costs"},
     {"name": "take_order", "description": "put in an order: the player has just ordered food or drink"},
@@ -74,22 +86,51 @@ ROUTE_OPTIONS = [
 ]
 
 SITUATIONS = [
-    ("A hooded stranger walks up to the village gate after dark.", [("let_in", "open the gate"), ("question", "ask who they are"), ("ring_bell", "ring the alarm bell")]),
-    ("A wolf pack is howling close to the sheep pen.", [("light_torches", "light torches around the pen"), ("wake_farmer", "wake the farmer"), ("ignore", "do nothing")]),
-    ("A merchant offers you a bribe to look away.", [("accept", "take the coins"), ("refuse", "refuse and send him off"), ("arrest", "arrest the merchant")]),
-    ("A child says her cat is stuck on the tavern roof.", [("climb", "climb up and fetch the cat"), ("ladder", "fetch a ladder"), ("refuse", "say you are busy")]),
-    ("Two drunk farmers start shouting at each other in the tavern.", [("calm", "calm them down"), ("throw_out", "throw them out"), ("serve_more", "serve them more ale"), ("call_guard", "call the guard")]),
-    ("The player asks you to join their quest to the mountains.", [("join", "join the quest"), ("decline", "politely decline")]),
+    (
+        "A hooded stranger walks up to the village gate after dark.",
+        [("let_in", "open the gate"), ("question", "ask who they are"), ("ring_bell", "ring the alarm bell")],
+    ),
+    (
+        "A wolf pack is howling close to the sheep pen.",
+        [
+            ("light_torches", "light torches around the pen"),
+            ("wake_farmer", "wake the farmer"),
+            ("ignore", "do nothing"),
+        ],
+    ),
+    (
+        "A merchant offers you a bribe to look away.",
+        [("accept", "take the coins"), ("refuse", "refuse and send him off"), ("arrest", "arrest the merchant")],
+    ),
+    (
+        "A child says her cat is stuck on the tavern roof.",
+        [("climb", "climb up and fetch the cat"), ("ladder", "fetch a ladder"), ("refuse", "say you are busy")],
+    ),
+    (
+        "Two drunk farmers start shouting at each other in the tavern.",
+        [
+            ("calm", "calm them down"),
+            ("throw_out", "throw them out"),
+            ("serve_more", "serve them more ale"),
+            ("call_guard", "call the guard"),
+        ],
+    ),
+    (
+        "The player asks you to join their quest to the mountains.",
+        [("join", "join the quest"), ("decline", "politely decline")],
+    ),
 ]
 
 BASE_PERSONA = (
-    "You have run this place for twenty years. You know every farmer, trader and soldier who passes through the valley, "
+    "You have run this place for twenty years. You know every farmer, trader and soldier who passes through the "
+    "valley, "
     "and you remember who paid and who did not. You dislike thieves, loud nobles and anyone who insults the cook. "
     "You are proud of the stew, which is made from your grandmother's recipe with barley, carrots, onions and mutton. "
     "The ale comes from the monastery up the hill and the mead from the beekeeper by the river. "
     "The village has a wooden wall, one gate to the north and one to the south, and a watchtower by the mill. "
     "Bandits have been seen on the old road this autumn, and the lord's soldiers have not come in weeks. "
-    "The blacksmith is your cousin and the healer owes you money. You never talk about the war, in which you lost a brother. "
+    "The blacksmith is your cousin and the healer owes you money. "
+    "You never talk about the war, in which you lost a brother. "
     "When strangers ask for rooms you tell them the price first: a bed is four copper a night, and the stable is one. "
     "You close the doors at midnight and open them at dawn, and you do not serve anyone who is already drunk. "
     "You speak plainly and never use long words; you call younger people 'lad' or 'lass'. "
@@ -99,7 +140,15 @@ BASE_PERSONA = (
 class Bridge:
     def __init__(self, model: str | None) -> None:
         cmd = [sys.executable, "-m", "bridge", "--engine", "llama"] + (["--model", model] if model else [])
-        self.p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.p = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
         self.next_id = 0
         self.backlog: list[dict[str, Any]] = []
         self.call("initialize", {"protocolVersion": 1, "clientInfo": {"name": "bench_game", "version": "1"}})
@@ -107,7 +156,9 @@ class Bridge:
     def send(self, method: str, params: dict[str, Any]) -> int:
         self.next_id += 1
         assert self.p.stdin is not None
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n"
+        )
         self.p.stdin.flush()
         return self.next_id
 
@@ -156,11 +207,19 @@ class Bridge:
                 first_text = time.perf_counter() - t0
             elif kind == "turn/toolCallRequested":
                 first_call = first_call or p["name"]
-                self.send("npc/submit", {"npcId": npc, "callId": p["callId"], "output": (answers or {}).get(p["name"], "ok")})
+                self.send(
+                    "npc/submit", {"npcId": npc, "callId": p["callId"], "output": (answers or {}).get(p["name"], "ok")}
+                )
             elif kind == "turn/toolCallCompleted":
                 first_call = first_call or p["name"]
             elif kind in ("turn/completed", "turn/failed"):
-                return {"end": kind, "params": p, "seconds": time.perf_counter() - t0, "ttft": first_text, "first_call": first_call}
+                return {
+                    "end": kind,
+                    "params": p,
+                    "seconds": time.perf_counter() - t0,
+                    "ttft": first_text,
+                    "first_call": first_call,
+                }
         raise EOFError
 
     def close(self) -> None:
@@ -173,7 +232,15 @@ class Bridge:
 
 
 def keeper(b: Bridge, npc_id: str, seed: int = 7) -> None:
-    b.call("npc/create", {"npcId": npc_id, "persona": KEEPER, "tools": TOOLS, "options": {"temperature": 0.0, "seed": seed, "maxTokens": 60}})
+    b.call(
+        "npc/create",
+        {
+            "npcId": npc_id,
+            "persona": KEEPER,
+            "tools": TOOLS,
+            "options": {"temperature": 0.0, "seed": seed, "maxTokens": 60},
+        },
+    )
 
 
 ANSWERS = {"get_menu": {k: v for k, v in MENU.items()}, "take_order": {"ordered": True}}
@@ -189,21 +256,28 @@ def routing(b: Bridge, show: bool) -> None:
             keeper(b, npc)
             if policy == "decision, then forced tool":
                 situation = f'The player says to you: "{line}" What do you do first?'
-                d = b.run("npc/decide", {"npcId": npc, "situation": situation, "options": ROUTE_OPTIONS, "reasoning": True})
+                d = b.run(
+                    "npc/decide", {"npcId": npc, "situation": situation, "options": ROUTE_OPTIONS, "reasoning": True}
+                )
                 choice = d["params"].get("json", {}).get("choice") if d["end"] == "turn/completed" else None
                 tc: Any = {"tool": choice} if choice in ("get_menu", "take_order") else "none"
                 r = b.run("npc/respond", {"npcId": npc, "prompt": line, "toolChoice": tc, "maxToolRounds": 1}, ANSWERS)
                 got = choice if choice in ("get_menu", "take_order") else "none"
                 took = d["seconds"] + r["seconds"]
             else:
-                r = b.run("npc/respond", {"npcId": npc, "prompt": line, "toolChoice": policy, "maxToolRounds": 1}, ANSWERS)
+                r = b.run(
+                    "npc/respond", {"npcId": npc, "prompt": line, "toolChoice": policy, "maxToolRounds": 1}, ANSWERS
+                )
                 got = r["first_call"] or "none"
                 took = r["seconds"]
             ok = got == want and r["end"] == "turn/completed"
             right += ok
             seconds.append(took)
             if show:
-                print(f"  [{policy}] {line!r}: {got} ({'right' if ok else 'wrong, want ' + want}) -> {r['params'].get('text', r['params'].get('error'))!r}")
+                print(
+                    f"  [{policy}] {line!r}: {got} ({'right' if ok else 'wrong, want ' + want}) -> "
+                    f"{r['params'].get('text', r['params'].get('error'))!r}"
+                )
             b.call("npc/delete", {"npcId": npc})
         rows.append((policy, right, st.median(seconds)))
     print("| policy | right actions | median s/line |")
@@ -214,12 +288,32 @@ def routing(b: Bridge, show: bool) -> None:
 
 def decisions(b: Bridge, n: int, show: bool) -> None:
     print(f"\n## Decisions: {n} npc/decide at temperature 0.7\n")
-    b.call("npc/create", {"npcId": "decider", "persona": {"name": "Bram", "role": "the village guard", "traits": ["watchful"]}, "options": {"temperature": 0.7, "maxTokens": 160}})
+    b.call(
+        "npc/create",
+        {
+            "npcId": "decider",
+            "persona": {"name": "Bram", "role": "the village guard", "traits": ["watchful"]},
+            "options": {"temperature": 0.7, "maxTokens": 160},
+        },
+    )
     valid = completed = 0
     seconds = []
     for i in range(n):
         situation, opts = SITUATIONS[i % len(SITUATIONS)]
-        b.call("npc/restore", {"save": {"version": 1, "config": {"npcId": "decider", "persona": {"name": "Bram", "role": "the village guard", "traits": ["watchful"]}, "options": {"temperature": 0.7, "seed": 1000 + i, "maxTokens": 160}}, "turns": []}})
+        b.call(
+            "npc/restore",
+            {
+                "save": {
+                    "version": 1,
+                    "config": {
+                        "npcId": "decider",
+                        "persona": {"name": "Bram", "role": "the village guard", "traits": ["watchful"]},
+                        "options": {"temperature": 0.7, "seed": 1000 + i, "maxTokens": 160},
+                    },
+                    "turns": [],
+                }
+            },
+        )
         options = [{"name": k, "description": d} for k, d in opts]
         r = b.run("npc/decide", {"npcId": "decider", "situation": situation, "options": options})
         seconds.append(r["seconds"])
@@ -236,24 +330,45 @@ def decisions(b: Bridge, n: int, show: bool) -> None:
 def persona(i: int) -> dict[str, Any]:
     # A name and a first line of its own: no NPC's prompt is a prefix of another's.
     names = ["Alda", "Borin", "Cress", "Dagny", "Edric", "Fenna", "Gorm", "Hilde", "Ivo", "Jorun", "Kell", "Liska"]
-    return {"name": names[i % len(names)] + (str(i) if i >= len(names) else ""), "role": f"keeper of tavern number {i}", "traits": ["gruff"], "speechStyle": "Short sentences."}
+    return {
+        "name": names[i % len(names)] + (str(i) if i >= len(names) else ""),
+        "role": f"keeper of tavern number {i}",
+        "traits": ["gruff"],
+        "speechStyle": "Short sentences.",
+    }
 
 
 def first_words(b: Bridge, reps: int, show: bool) -> None:
     print(f"\n## First words: seconds to the first text delta, median of {reps} NPCs each\n")
     opts = {"temperature": 0.0, "seed": 3, "maxTokens": 24}
-    rows: dict[str, list[float]] = {"cold first turn (baseline)": [], "first turn after npc/prewarm": [], "warm turn, world unchanged": [], "warm turn right after a visible fact changed": []}
+    rows: dict[str, list[float]] = {
+        "cold first turn (baseline)": [],
+        "first turn after npc/prewarm": [],
+        "warm turn, world unchanged": [],
+        "warm turn right after a visible fact changed": [],
+    }
     prompt = "Evening. What's the news?"
     b.call("world/set", {"key": "bench weather", "value": "clear skies", "tags": ["bench"]})
     for i in range(reps):
         for kind in ("cold", "prewarm"):
             npc = f"fw-{kind}-{i}"
-            b.call("npc/create", {"npcId": npc, "persona": persona(2 * i + (kind == "prewarm")), "instructions": BASE_PERSONA, "tags": ["bench"], "options": opts})
+            b.call(
+                "npc/create",
+                {
+                    "npcId": npc,
+                    "persona": persona(2 * i + (kind == "prewarm")),
+                    "instructions": BASE_PERSONA,
+                    "tags": ["bench"],
+                    "options": opts,
+                },
+            )
             if kind == "prewarm":
                 w = b.run("npc/prewarm", {"npcId": npc})
                 assert w["params"].get("finishReason") == "prewarmed", w
             r = b.run("npc/respond", {"npcId": npc, "prompt": prompt, "toolChoice": "none"})
-            rows["cold first turn (baseline)" if kind == "cold" else "first turn after npc/prewarm"].append(r["ttft"] or r["seconds"])
+            rows["cold first turn (baseline)" if kind == "cold" else "first turn after npc/prewarm"].append(
+                r["ttft"] or r["seconds"]
+            )
             if kind == "cold":
                 r = b.run("npc/respond", {"npcId": npc, "prompt": "And the road?", "toolChoice": "none"})
                 rows["warm turn, world unchanged"].append(r["ttft"] or r["seconds"])
@@ -265,7 +380,10 @@ def first_words(b: Bridge, reps: int, show: bool) -> None:
     print("| case | median s to first words | vs cold |")
     print("|---|---|---|")
     for case, xs in rows.items():
-        print(f"| {case} | {st.median(xs):.3f} | {st.median(xs) / cold:.2f}x |" + (f" {[round(x, 2) for x in xs]}" if show else ""))
+        print(
+            f"| {case} | {st.median(xs):.3f} | {st.median(xs) / cold:.2f}x |"
+            + (f" {[round(x, 2) for x in xs]}" if show else "")
+        )
 
 
 def views(reps: int) -> None:
@@ -306,7 +424,10 @@ def views(reps: int) -> None:
     print("| how | ms for every NPC's view | per NPC | vs baseline |")
     print("|---|---|---|---|")
     for how, xs in (("check every fact (baseline)", base), ("index by scope, shared views (bridge)", index)):
-        print(f"| {how} | {st.median(xs):.1f} | {st.median(xs) / n_npcs * 1000:.0f} µs | {st.median(xs) / st.median(base):.2f}x |")
+        print(
+            f"| {how} | {st.median(xs):.1f} | {st.median(xs) / n_npcs * 1000:.0f} µs | "
+            f"{st.median(xs) / st.median(base):.2f}x |"
+        )
 
 
 def main() -> None:

@@ -48,18 +48,72 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "bench", "quality", "exchanges.json")
 
 LEAK_PATTERNS = [
-    r"\{\s*\"", r"tool_calls", r"\"arguments\"", r"\[(?:result|error) (?:of|from) tool", r"<\|im_", r"<\|", r"\|>",
-    r"Arguments schema", r"You can call these tools", r"reply with only JSON", r"You must call a tool",
-    r"Answer with JSON", r"Speech style:", r"Traits:", r"Stay in character", r"\b(?:get_menu|take_order|check_inventory|open_gate|get_price)\b",
-    # the prompt text of this version (bridge/engines/_text/_prompt.py, bridge/core/agent/_npc.py)
-    r"Tools the game runs", r"reply with only", r"Call one of these tools", r"Reply with a JSON object", r"How you speak:",
-    r"says out loud", r"\banswered:", r"respond_directly",
+    r"\{\s*\"",
+    r"tool_calls",
+    r"\"arguments\"",
+    r"\[(?:result|error) (?:of|from) tool",
+    r"<\|im_",
+    r"<\|",
+    r"\|>",
+    r"Arguments schema",
+    r"You can call these tools",
+    r"reply with only JSON",
+    r"You must call a tool",
+    r"Answer with JSON",
+    r"Speech style:",
+    r"Traits:",
+    r"Stay in character",
+    r"\b(?:get_menu|take_order|check_inventory|open_gate|get_price)\b",
+    # the prompt text of this version (bridge/engines/_text/_prompt.py, bridge/core/agent/_persona.py)
+    r"Tools the game runs",
+    r"reply with only",
+    r"Call one of these tools",
+    r"Reply with a JSON object",
+    r"How you speak:",
+    r"says out loud",
+    r"\banswered:",
+    r"respond_directly",
 ]
 LEAK = re.compile("|".join(LEAK_PATTERNS), re.I)
 SELF_NAME = re.compile(r"\b(?:I am|I'm|my name is|my name's|name's|call me|they call me)\s+(?:the\s+)?([A-Z][a-z]+)")
-NOT_NAMES = {"A", "An", "The", "Here", "Just", "Not", "Sorry", "Afraid", "Glad", "Happy", "Busy", "Fine", "Well",
-             "Only", "Still", "Always", "Your", "So", "Sure", "Good", "In", "On", "At", "From", "Too", "Very", "No",
-             "Yes", "Old", "Keeper", "Guard", "Merchant", "Healer", "Blacksmith", "Fisherman", "Smith"}
+NOT_NAMES = {
+    "A",
+    "An",
+    "The",
+    "Here",
+    "Just",
+    "Not",
+    "Sorry",
+    "Afraid",
+    "Glad",
+    "Happy",
+    "Busy",
+    "Fine",
+    "Well",
+    "Only",
+    "Still",
+    "Always",
+    "Your",
+    "So",
+    "Sure",
+    "Good",
+    "In",
+    "On",
+    "At",
+    "From",
+    "Too",
+    "Very",
+    "No",
+    "Yes",
+    "Old",
+    "Keeper",
+    "Guard",
+    "Merchant",
+    "Healer",
+    "Blacksmith",
+    "Fisherman",
+    "Smith",
+}
 SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*\s*$")
 
 
@@ -82,8 +136,15 @@ class Turn:
 class Bridge:
     def __init__(self, root: str, args: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": root}
-        self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "llama", *args], cwd=root, env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "--engine", "llama", *args],
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+        )
         self.ids = 0
         init = self.call("initialize", {"protocolVersion": 1})
         # the bridge's own respond_directly (toolChoice "tool_or_answer", issue 10); before
@@ -93,7 +154,9 @@ class Bridge:
     def send(self, method: str, params: dict[str, Any]) -> int:
         assert self.p.stdin is not None
         self.ids += 1
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n"
+        )
         return self.ids
 
     def line(self) -> dict[str, Any]:
@@ -123,7 +186,10 @@ class Bridge:
             method = msg.get("method")
             if method == "turn/toolCallRequested":
                 t.calls.append(p["name"])
-                self.send("npc/submit", {"npcId": t.npc, "callId": p["callId"], "output": answers.get(p["name"], {"ok": True})})
+                self.send(
+                    "npc/submit",
+                    {"npcId": t.npc, "callId": p["callId"], "output": answers.get(p["name"], {"ok": True})},
+                )
             elif method == "turn/completed":
                 t.text, t.finish, t.answer = p["text"], p["finishReason"], p["json"]
                 t.calls = [c["name"] for c in p["toolCalls"]] or t.calls
@@ -184,7 +250,9 @@ def ground(turns: list[Turn], tools: dict[str, Any]) -> None:
             t.grounded = not LEAK.search(t.text) and any(re.search(p, t.text, re.I) for p in pats)
 
 
-def summarize(config: str, turns: list[Turn], personas: dict[str, Any], schema_ok: list[bool] | None = None) -> dict[str, str]:
+def summarize(
+    config: str, turns: list[Turn], personas: dict[str, Any], schema_ok: list[bool] | None = None
+) -> dict[str, str]:
     spoken = [t for t in turns if t.error is None and t.text.strip()]
     checked = [t for t in turns if t.grounded is not None]
     named = [t for t in turns if t.asks_name and t.error is None]
@@ -201,17 +269,36 @@ def summarize(config: str, turns: list[Turn], personas: dict[str, Any], schema_o
         "cut off": pct(sum(cut_off(t) for t in spoken), len(spoken)),
         "words": f"{st.median(len(t.text.split()) for t in spoken):.0f}" if spoken else "-",
         "s/turn": f"{st.median(t.seconds for t in turns):.2f}" if turns else "-",
-        "right action": pct(sum((t.calls[0] if t.calls else None) == t.right for t in routing), len(routing)) if routing else "-",
+        "right action": pct(sum((t.calls[0] if t.calls else None) == t.right for t in routing), len(routing))
+        if routing
+        else "-",
         "grounded": pct(sum(bool(t.grounded) for t in checked), len(checked)),
         "valid": pct(sum(schema_ok), len(schema_ok)) if schema_ok is not None else "-",
         "failed": pct(sum(t.error is not None for t in turns), len(turns)),
     }
 
 
-def create(b: Bridge, npc_id: str, spec: dict[str, Any], tools: dict[str, Any], with_tools: bool, options: dict[str, Any], suffix: str = "") -> str:
+def create(
+    b: Bridge,
+    npc_id: str,
+    spec: dict[str, Any],
+    tools: dict[str, Any],
+    with_tools: bool,
+    options: dict[str, Any],
+    suffix: str = "",
+) -> str:
     name = npc_id + suffix
-    defs = [{"name": n, "description": tools[n]["description"], "parameters": tools[n]["parameters"]} for n in spec["tools"]] if with_tools else []
-    b.call("npc/create", {"npcId": name, "persona": spec["persona"], "tools": defs, "engine": "llama", "options": options})
+    defs = (
+        [
+            {"name": n, "description": tools[n]["description"], "parameters": tools[n]["parameters"]}
+            for n in spec["tools"]
+        ]
+        if with_tools
+        else []
+    )
+    b.call(
+        "npc/create", {"npcId": name, "persona": spec["persona"], "tools": defs, "engine": "llama", "options": options}
+    )
     return name
 
 
@@ -241,7 +328,14 @@ def run(root: str, bridge_args: list[str], options: dict[str, Any], show: bool) 
             rows.append(summarize(config, turns, personas))
             all_turns += turns
         route = data["routing"]
-        direct = {"name": "respond_directly", "description": "Answer the player directly, without any other action: small talk, questions about you, anything no other tool is for.", "parameters": {"type": "object", "properties": {}, "required": []}}
+        direct = {
+            "name": "respond_directly",
+            "description": (
+                "Answer the player directly, without any other action: small talk, questions about you, "
+                "anything no other tool is for."
+            ),
+            "parameters": {"type": "object", "properties": {}, "required": []},
+        }
         for mode in ("auto", "required", "required + respond_directly"):
             turns = []
             for i, line in enumerate(route["lines"]):
@@ -254,10 +348,26 @@ def run(root: str, bridge_args: list[str], options: dict[str, Any], show: bool) 
                     params["toolChoice"] = "tool_or_answer"
                 elif mode != "auto":
                     b.call("npc/delete", {"npcId": npc})
-                    defs = [{"name": n, "description": tools[n]["description"], "parameters": tools[n]["parameters"]} for n in spec["tools"]] + [direct]
-                    b.call("npc/create", {"npcId": npc, "persona": spec["persona"], "tools": defs, "engine": "llama", "options": options})
+                    defs = [
+                        {"name": n, "description": tools[n]["description"], "parameters": tools[n]["parameters"]}
+                        for n in spec["tools"]
+                    ] + [direct]
+                    b.call(
+                        "npc/create",
+                        {
+                            "npcId": npc,
+                            "persona": spec["persona"],
+                            "tools": defs,
+                            "engine": "llama",
+                            "options": options,
+                        },
+                    )
                     params["toolChoice"] = "required"
-                t = b.turn(Turn(f"routing: {mode}", npc, line["prompt"], right=line["right"]), {**answers, "respond_directly": {"ok": True}}, **params)
+                t = b.turn(
+                    Turn(f"routing: {mode}", npc, line["prompt"], right=line["right"]),
+                    {**answers, "respond_directly": {"ok": True}},
+                    **params,
+                )
                 t.calls = [c for c in t.calls if c != "respond_directly"] or []
                 t.npc = route["npc"]
                 turns.append(t)
@@ -298,7 +408,7 @@ def deterministic(b: Bridge, data: dict[str, Any], options: dict[str, Any]) -> s
         texts.append([b.turn(Turn("det", npc, p), {}).text for p in conv["prompts"]])
     if texts[0] == texts[1]:
         return "yes"
-    first = next(i for i, (x, y) in enumerate(zip(*texts)) if x != y)
+    first = next(i for i, (x, y) in enumerate(zip(*texts, strict=True)) if x != y)
     return f"no (turn {first + 1} differs: {texts[0][first]!r} / {texts[1][first]!r})"
 
 
@@ -325,7 +435,10 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = run(os.path.abspath(args.root), bridge_args, options, args.show)
     print_table(rows)
-    print(f"\n{sum(int(r['turns']) for r in rows)} turns in {time.perf_counter() - t0:.0f} s; model {args.model or 'bundled SmolLM2-135M-Instruct'}; options {options}")
+    print(
+        f"\n{sum(int(r['turns']) for r in rows)} turns in {time.perf_counter() - t0:.0f} s; "
+        f"model {args.model or 'bundled SmolLM2-135M-Instruct'}; options {options}"
+    )
 
 
 if __name__ == "__main__":

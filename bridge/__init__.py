@@ -1,12 +1,28 @@
-"""oam-bridge: NPC brains for any game engine, over line-delimited JSON-RPC on stdio."""
+"""oam-bridge: NPC brains for any game engine, over line-delimited JSON-RPC on stdio.
 
-__version__ = "0.1.0"
+The public API is what ``__all__`` names: the service and the JSON-RPC server that hosts it,
+the engines to run them on, the errors, and ``bridge.messages`` (every wire type). Import
+these from here and from ``bridge.messages``: where they are defined may change.
+"""
 
-from bridge.core._messages import Limits  # noqa: E402
-from bridge.jsonrpc._server import Server  # noqa: E402
-from bridge.core._service import Service  # noqa: E402
-from bridge.engines import EngineRegistry  # noqa: E402
-from bridge.engines.scripted import ScriptedEngine  # noqa: E402
-from bridge.errors import ERROR_CODES, BridgeError  # noqa: E402
+from bridge import messages
+from bridge._version import __version__
+from bridge.core._service import Service
+from bridge.engines import EngineRegistry
+from bridge.engines.scripted import ScriptedEngine
+from bridge.errors import ERROR_CODES, BridgeError, ErrorKind
+from bridge.jsonrpc._server import Server
+from bridge.messages import Limits
 
-__all__ = ["ERROR_CODES", "BridgeError", "EngineRegistry", "Limits", "ScriptedEngine", "Server", "Service", "__version__"]
+__all__ = [
+    "ERROR_CODES",
+    "BridgeError",
+    "EngineRegistry",
+    "ErrorKind",
+    "Limits",
+    "ScriptedEngine",
+    "Server",
+    "Service",
+    "__version__",
+    "messages",
+]

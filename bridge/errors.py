@@ -1,7 +1,10 @@
-"""Stable error codes: one table, used by the dispatcher and documented in protocol.md."""
+"""Stable error codes: one table of records (``ERROR_KINDS``), from which every per-code table
+is derived. The dispatcher, the hosts and protocol.md all read it; every engine client's own
+copy is checked against it by tests/unit/test_error_table.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 # JSON-RPC 2.0's own codes (section 5.1 of the specification).
@@ -11,124 +14,110 @@ METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 
-# string code -> (JSON-RPC error code, retryable). Application codes lie outside the
-# reserved range -32768..-32000.
-ERROR_CODES: dict[str, tuple[int, bool]] = {
-    "model_unavailable": (-31001, False),
-    "guardrail_violation": (-31002, False),
-    "refusal": (-31003, False),
-    "context_size_exceeded": (-31004, False),
-    "rate_limited": (-31005, True),
-    "unsupported_language": (-31006, False),
-    "invalid_schema": (-31007, False),
-    "tool_failed": (-31008, False),
-    "cancelled": (-31009, False),
-    "busy": (-31010, True),
-    "invalid_request": (-31011, False),
-    "generation_failed": (-31012, True),
-    "unknown_npc": (-31020, False),
-    "unknown_tool_call": (-31021, False),
-    "not_initialized": (-31022, False),
-    "overloaded": (-31023, True),
-    "message_too_large": (-31024, False),
-    "npc_exists": (-31025, False),
-    "shutting_down": (-31026, False),
-    "limit_reached": (-31027, False),
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    """Everything keyed by one stable string code.
+
+    ``number``: the JSON-RPC error's ``code`` (application codes lie outside the reserved range
+    -32768..-32000). ``retryable``: sent as ``data.retryable``. ``http_status``: the status
+    ``oam serve`` answers with (its body carries the string code too). ``exit_status``: the
+    ``oam`` command line's exit status. ``meaning``: protocol.md's "meaning" column, word
+    for word."""
+
+    code: str
+    number: int
+    retryable: bool
+    http_status: int
+    exit_status: int
+    meaning: str
+
+
+# HTTP: 499 is "client closed request" (the client went away). Exit statuses: 0 is success,
+# 1 an error with no code of its own, 2 a usage error (argparse's own); 130 is the shell's
+# Ctrl-C convention.
+ERROR_KINDS: Final[tuple[ErrorKind, ...]] = (
+    # code, JSON-RPC number, retryable, HTTP status, exit status, meaning
+    ErrorKind("model_unavailable", -31001, False, 503, 3, "the engine or model cannot run here (the reason says why)"),
+    ErrorKind("guardrail_violation", -31002, False, 422, 4, "the model's safety guardrails blocked the content"),
+    ErrorKind("refusal", -31003, False, 422, 5, "the model refused"),
+    ErrorKind("context_size_exceeded", -31004, False, 400, 6, "the prompt does not fit even after trimming"),
+    ErrorKind("rate_limited", -31005, True, 429, 7, "the model is rate-limited; back off"),
+    ErrorKind("unsupported_language", -31006, False, 422, 8, "language or locale unsupported by the model"),
+    ErrorKind(
+        "invalid_schema", -31007, False, 400, 9, "a tool's parameters or a turn's schema is not a valid JSON Schema"
+    ),
+    ErrorKind("tool_failed", -31008, False, 502, 10, "a tool failed in a way the model could not recover from"),
+    ErrorKind("cancelled", -31009, False, 499, 130, "the turn was cancelled"),
+    ErrorKind("busy", -31010, True, 503, 11, "the NPC's turn queue is full"),
+    ErrorKind("invalid_request", -31011, False, 400, 12, "the request is not allowed now (e.g. `initialize` twice)"),
+    ErrorKind("generation_failed", -31012, True, 500, 13, "the model failed, or its answer broke the schema"),
+    ErrorKind("unknown_npc", -31020, False, 404, 14, "no NPC with that id"),
+    ErrorKind(
+        "unknown_tool_call", -31021, False, 404, 14, "no pending tool call with that id (unknown or already resolved)"
+    ),
+    ErrorKind("not_initialized", -31022, False, 409, 1, "send `initialize` first"),
+    ErrorKind("overloaded", -31023, True, 503, 11, "too many pending requests; retry later"),
+    ErrorKind("message_too_large", -31024, False, 413, 12, "the line exceeds `limits.maxLineBytes`"),
+    ErrorKind("npc_exists", -31025, False, 409, 12, "an NPC with that id already exists"),
+    ErrorKind("shutting_down", -31026, False, 503, 1, "after `shutdown`, only `exit` is accepted"),
+    ErrorKind("limit_reached", -31027, False, 422, 15, "a configured limit is reached (`data.limit`, e.g. `maxNpcs`)"),
     # JSON-RPC's own, with string codes so every error carries data.code
-    "parse_error": (PARSE_ERROR, False),
-    "invalid_message": (INVALID_REQUEST, False),
-    "method_not_found": (METHOD_NOT_FOUND, False),
-    "invalid_params": (INVALID_PARAMS, False),
-    "internal_error": (INTERNAL_ERROR, False),
-}
+    ErrorKind("parse_error", PARSE_ERROR, False, 400, 12, "the line is not JSON"),
+    ErrorKind(
+        "invalid_message", INVALID_REQUEST, False, 400, 12, "not a valid JSON-RPC request (`data.reason` says why)"
+    ),
+    ErrorKind("method_not_found", METHOD_NOT_FOUND, False, 404, 12, "unknown method"),
+    ErrorKind("invalid_params", INVALID_PARAMS, False, 400, 12, "params of the wrong shape or type, or unknown fields"),
+    ErrorKind(
+        "internal_error",
+        INTERNAL_ERROR,
+        False,
+        500,
+        1,
+        "a bug in the bridge (logged on stderr with its traceback; the message names the exception type only);"
+        " also a `turn/failed` code",
+    ),
+)
 
-# string code -> HTTP status, for the OpenAI-compatible server (``oam serve``): the body
-# carries the string code too. 499 is "client closed request" (the client went away).
-HTTP_STATUS: dict[str, int] = {
-    "model_unavailable": 503,
-    "guardrail_violation": 422,
-    "refusal": 422,
-    "context_size_exceeded": 400,
-    "rate_limited": 429,
-    "unsupported_language": 422,
-    "invalid_schema": 400,
-    "tool_failed": 502,
-    "cancelled": 499,
-    "busy": 503,
-    "invalid_request": 400,
-    "generation_failed": 500,
-    "unknown_npc": 404,
-    "unknown_tool_call": 404,
-    "not_initialized": 409,
-    "overloaded": 503,
-    "message_too_large": 413,
-    "npc_exists": 409,
-    "shutting_down": 503,
-    "limit_reached": 422,
-    "parse_error": 400,
-    "invalid_message": 400,
-    "method_not_found": 404,
-    "invalid_params": 400,
-    "internal_error": 500,
-}
+# string code -> its record
+KINDS: Final[dict[str, ErrorKind]] = {k.code: k for k in ERROR_KINDS}
 
-# string code -> exit status of the ``oam`` command line. 0 is success, 1 an error with no
-# code, 2 a usage error (argparse's own); 130 is the shell's Ctrl-C convention.
-EXIT_CODES: dict[str, int] = {
-    "model_unavailable": 3,
-    "guardrail_violation": 4,
-    "refusal": 5,
-    "context_size_exceeded": 6,
-    "rate_limited": 7,
-    "unsupported_language": 8,
-    "invalid_schema": 9,
-    "tool_failed": 10,
-    "cancelled": 130,
-    "busy": 11,
-    "invalid_request": 12,
-    "generation_failed": 13,
-    "unknown_npc": 14,
-    "unknown_tool_call": 14,
-    "not_initialized": 1,
-    "overloaded": 11,
-    "message_too_large": 12,
-    "npc_exists": 12,
-    "shutting_down": 1,
-    "limit_reached": 15,
-    "parse_error": 12,
-    "invalid_message": 12,
-    "method_not_found": 12,
-    "invalid_params": 12,
-    "internal_error": 1,
-}
+# Derived views, in the table's order. ERROR_CODES's shape (code -> (number, retryable)) is the
+# one every engine client's copy mirrors: keep it.
+ERROR_CODES: Final[dict[str, tuple[int, bool]]] = {k.code: (k.number, k.retryable) for k in ERROR_KINDS}
+HTTP_STATUS: Final[dict[str, int]] = {k.code: k.http_status for k in ERROR_KINDS}
+EXIT_CODES: Final[dict[str, int]] = {k.code: k.exit_status for k in ERROR_KINDS}
 
 
 class BridgeError(Exception):
     """A failure with a stable string code; the dispatcher turns it into a JSON-RPC error."""
 
     def __init__(self, code: str, message: str, **data: Any) -> None:
-        if code not in ERROR_CODES:
+        kind = KINDS.get(code)
+        if kind is None:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code = code
+        self.kind = kind
         self.message = message
         self.data = data
 
     @property
     def rpc_code(self) -> int:
-        return ERROR_CODES[self.code][0]
+        return self.kind.number
 
     @property
     def http_status(self) -> int:
-        return HTTP_STATUS[self.code]
+        return self.kind.http_status
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.code]
+        return self.kind.exit_status
 
     @property
     def retryable(self) -> bool:
-        return ERROR_CODES[self.code][1]
+        return self.kind.retryable
 
     def to_wire(self) -> dict[str, Any]:
         return {

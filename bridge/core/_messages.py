@@ -1,5 +1,8 @@
 """The wire types: the source of truth for protocol.md (tests/unit/test_protocol_doc.py keeps
-them in sync). Params are decoded once the method is known; unknown fields are rejected."""
+them in sync). Params are decoded once the method is known; unknown fields are rejected.
+
+Which method takes which params and returns which result is the method registry's
+(``bridge/core/_methods.py``), not this module's."""
 
 from __future__ import annotations
 
@@ -177,31 +180,7 @@ class CountTokensParams(_Params, frozen=True):
     engine: str | None = None
 
 
-PARAMS: dict[str, type[msgspec.Struct]] = {
-    "initialize": InitializeParams,
-    "shutdown": EmptyParams,
-    "exit": EmptyParams,
-    "npc/create": NpcConfig,
-    "npc/respond": RespondParams,
-    "npc/submit": SubmitParams,
-    "npc/cancel": NpcRef,
-    "npc/transcript": NpcRef,
-    "npc/restore": RestoreParams,
-    "npc/reset": NpcRef,
-    "npc/delete": NpcRef,
-    "npc/list": EmptyParams,
-    "tokens/count": CountTokensParams,
-    "engine/status": EmptyParams,
-    "npc/decide": DecideParams,
-    "npc/prewarm": NpcRef,
-    "npc/setTags": SetTagsParams,
-    "world/set": WorldSetParams,
-    "world/delete": WorldKey,
-    "world/get": WorldGetParams,
-}
-
-
-# ---- results: what each method returns (protocol.md's result examples are checked against these) ----
+# ---- results: what methods return (protocol.md's result examples are checked against these) ----
 
 
 class _Result(msgspec.Struct, frozen=True, rename="camel"):
@@ -216,7 +195,9 @@ class ServerInfo(_Result, frozen=True):
 class ToolCapabilities(_Result, frozen=True):
     engine_executed: bool = True
     parallel_calls: bool = True
-    tool_choice: list[str] = msgspec.field(default_factory=lambda: ["auto", "required", "none", "named", "tool_or_answer"])
+    tool_choice: list[str] = msgspec.field(
+        default_factory=lambda: ["auto", "required", "none", "named", "tool_or_answer"]
+    )
     budgets: bool = True
     timeouts: bool = True
 
@@ -339,30 +320,6 @@ class WorldGetResult(_Result, frozen=True):
     facts: list[Fact]
 
 
-RESULTS: dict[str, Any] = {
-    "initialize": InitializeResult,
-    "shutdown": None,
-    "exit": None,
-    "npc/create": CreateResult,
-    "npc/respond": RespondResult,
-    "npc/submit": SubmitResult,
-    "npc/cancel": CancelResult,
-    "npc/transcript": Save,
-    "npc/restore": RestoreResult,
-    "npc/reset": EmptyResult,
-    "npc/delete": EmptyResult,
-    "npc/list": NpcListResult,
-    "tokens/count": CountTokensResult,
-    "engine/status": EngineStatusResult,
-    "npc/decide": RespondResult,
-    "npc/prewarm": RespondResult,
-    "npc/setTags": EmptyResult,
-    "world/set": WorldRevision,
-    "world/delete": WorldDeleteResult,
-    "world/get": WorldGetResult,
-}
-
-
 # ---- events (notifications from the bridge); every one carries npcId, turnId, seq ----
 
 
@@ -460,5 +417,15 @@ EVENTS: dict[str, type[_Event]] = {
     "turn/failed": TurnFailed,
 }
 EVENT_NAMES: dict[type[_Event], str] = {v: k for k, v in EVENTS.items()}
-Event = TurnStarted | TextDelta | PartialJson | ToolCallRequested | ToolCallCompleted | ToolCallWithdrawn | ContextTrimmed | TurnCompleted | TurnFailed
+Event = (
+    TurnStarted
+    | TextDelta
+    | PartialJson
+    | ToolCallRequested
+    | ToolCallCompleted
+    | ToolCallWithdrawn
+    | ContextTrimmed
+    | TurnCompleted
+    | TurnFailed
+)
 TERMINAL_EVENTS = frozenset({"turn/completed", "turn/failed"})

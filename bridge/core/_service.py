@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 import trio
 
-from bridge import __version__
+from bridge._version import __version__
 from bridge.core import _messages as m
-from bridge.core.agent._npc import EventSink, Npc, check_schema, count_text_tokens
 from bridge.core._world import RECALL, RESERVED_TOOL_NAMES, World
+from bridge.core.agent import EventSink, Npc, check_schema, count_text_tokens
 from bridge.engines import EngineRegistry
-from bridge.engines.base import Engine, Message
+from bridge.engines.base import Engine, Message, Scriptable, TextCounter, counts_block
 from bridge.engines.scripted import validate_script
 from bridge.errors import BridgeError
 
@@ -44,12 +44,11 @@ async def _count_text(engine: Engine, text: str) -> int:
     """Tokens of ``text`` alone, with no chat template or message framing around it (``""`` is
     0): the engine's ``count_text`` (off the event loop unless the engine's counts are cheap),
     else the cost of ``text`` as a user message, for an engine without one."""
-    count_text: Callable[[str], int] | None = getattr(engine, "count_text", None)
-    if count_text is None:
+    if not isinstance(engine, TextCounter):
         return await count_text_tokens(engine, text)
-    if not getattr(engine, "blocking_count", True):
-        return count_text(text)
-    return await trio.to_thread.run_sync(count_text, text)
+    if not counts_block(engine):
+        return engine.count_text(text)
+    return await trio.to_thread.run_sync(engine.count_text, text)
 
 
 def _npc_idle(npc: Npc) -> bool:
@@ -122,7 +121,9 @@ class Service:
     """NPCs and their operations. Run it with ``Service.running`` (or ``run``) so NPC workers
     have a nursery."""
 
-    def __init__(self, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None) -> None:
+    def __init__(
+        self, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None
+    ) -> None:
         self.registry = registry or EngineRegistry(default="scripted")
         self.limits = limits or m.Limits()
         self._turn_events = TurnEvents() if sink is None else None
@@ -141,7 +142,9 @@ class Service:
 
     @classmethod
     @asynccontextmanager
-    async def running(cls, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None) -> AsyncIterator[Service]:
+    async def running(
+        cls, registry: EngineRegistry | None = None, limits: m.Limits | None = None, sink: EventSink | None = None
+    ) -> AsyncIterator[Service]:
         """A service whose NPC workers run in a nursery of their own; on exit every turn is
         ended (``turn_ended``) and the engines are closed."""
         svc = cls(registry, limits, sink)
@@ -232,7 +235,9 @@ class Service:
             raise BridgeError("invalid_params", "tool names must be unique")
         reserved = RESERVED_TOOL_NAMES.intersection(names)
         if reserved:
-            raise BridgeError("invalid_params", f"tool name {min(reserved)!r} is the bridge's own", reason="reserved_tool_name")
+            raise BridgeError(
+                "invalid_params", f"tool name {min(reserved)!r} is the bridge's own", reason="reserved_tool_name"
+            )
         for t in config.tools:
             check_schema(t.parameters, f"parameters of tool {t.name!r}", tool=True)
 
@@ -243,7 +248,7 @@ class Service:
         await trio.to_thread.run_sync(self._check_config, config)
         engine_name, engine = await self._engine_for(config)
         if config.script is not None:
-            if not hasattr(engine, "set_script"):
+            if not isinstance(engine, Scriptable):
                 raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
             await trio.to_thread.run_sync(validate_script, config.script)
         npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc, self.world)
@@ -254,7 +259,8 @@ class Service:
     def _register(self, npc: Npc) -> None:
         npc_id = npc.config.npc_id
         if npc.config.script is not None:
-            npc.engine.set_script(npc_id, npc.config.script)  # type: ignore[attr-defined]
+            assert isinstance(npc.engine, Scriptable), "_build refuses a script for this engine"
+            npc.engine.set_script(npc_id, npc.config.script)
         self.npcs[npc_id] = npc
         assert self._nursery is not None, "the service is not running"
         self._nursery.start_soon(npc.worker)
@@ -313,14 +319,20 @@ class Service:
             raise BridgeError("unknown_npc", f"no npc {npc_id!r}", npcId=npc_id)
         return npc
 
-    def respond(self, p: m.RespondParams, *, resume: list[Message] | None = None, return_calls: bool = False) -> m.RespondResult:
+    def respond(
+        self, p: m.RespondParams, *, resume: list[Message] | None = None, return_calls: bool = False
+    ) -> m.RespondResult:
         """Queue a turn. ``resume`` and ``return_calls`` (not on the wire) are for hosts that
         rebuild the transcript on every request and run no turn across a tool call (the
         OpenAI-compatible server): see ``Npc.enqueue``."""
         self._check_open()
         npc = self.npc(p.npc_id)
         has_recall = npc.view().recall_tool is not None
-        if isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool not in npc.tools and not (p.tool_choice.tool == RECALL and has_recall):
+        if (
+            isinstance(p.tool_choice, m.NamedTool)
+            and p.tool_choice.tool not in npc.tools
+            and not (p.tool_choice.tool == RECALL and has_recall)
+        ):
             raise BridgeError("invalid_params", f"toolChoice names unknown tool {p.tool_choice.tool!r}")
         if p.tool_choice == "required" and not npc.tools and not has_recall:
             raise BridgeError("invalid_params", "toolChoice required, but the npc has no tools")
@@ -400,7 +412,9 @@ class Service:
     def list(self) -> m.NpcListResult:
         return m.NpcListResult(
             npcs=[
-                m.NpcSummary(npc_id=k, engine=n.engine_name, turns=len(n.turns), busy=n.current is not None, queued=len(n.queued))
+                m.NpcSummary(
+                    npc_id=k, engine=n.engine_name, turns=len(n.turns), busy=n.current is not None, queued=len(n.queued)
+                )
                 for k, n in self.npcs.items()
             ]
         )
@@ -451,7 +465,9 @@ def decision_schema(p: m.DecideParams) -> dict[str, Any]:
     plain = [o.name for o in p.options if o.parameters is None]
     with_args = [o for o in p.options if o.parameters is not None]
     members = [member({"type": "string", "enum": plain, "description": "the option's name"}, None)] if plain else []
-    members += [member({"type": "string", "const": o.name, "description": "the option's name"}, o.parameters) for o in with_args]
+    members += [
+        member({"type": "string", "const": o.name, "description": "the option's name"}, o.parameters) for o in with_args
+    ]
     return members[0] if len(members) == 1 else {"anyOf": members}
 
 
@@ -463,7 +479,12 @@ def _decision(p: m.DecideParams) -> m.RespondParams:
         if o.parameters is not None:
             check_schema(o.parameters, f"parameters of option {o.name!r}", tool=True)
     return m.RespondParams(
-        npc_id=p.npc_id, prompt=decision_prompt(p), tool_choice="none", max_tool_rounds=0, max_tool_calls=0, schema=decision_schema(p)
+        npc_id=p.npc_id,
+        prompt=decision_prompt(p),
+        tool_choice="none",
+        max_tool_rounds=0,
+        max_tool_calls=0,
+        schema=decision_schema(p),
     )
 
 

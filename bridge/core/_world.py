@@ -55,7 +55,9 @@ class _Fact:
     def visible_to(self, npc_id: str, tags: frozenset[str]) -> bool:
         if self.npc_ids is None and self.tags is None:
             return True
-        return (self.npc_ids is not None and npc_id in self.npc_ids) or (self.tags is not None and not self.tags.isdisjoint(tags))
+        return (self.npc_ids is not None and npc_id in self.npc_ids) or (
+            self.tags is not None and not self.tags.isdisjoint(tags)
+        )
 
     def wire(self) -> m.Fact:
         return m.Fact(
@@ -141,7 +143,9 @@ class World:
         if any(c in p.key for c in "\r\n"):
             raise BridgeError("invalid_params", "a fact key is one line", reason="invalid_key")
         if p.value is None:
-            raise BridgeError("invalid_params", "a fact's value must not be null (world/delete removes a fact)", reason="null_value")
+            raise BridgeError(
+                "invalid_params", "a fact's value must not be null (world/delete removes a fact)", reason="null_value"
+            )
         size = key_bytes + len(_encode(p.value))
         old = self._facts.get(p.key)
         lore_total = self._lore_bytes - (old.size if old is not None and old.lore else 0)
@@ -149,15 +153,23 @@ class World:
         lim = self.limits
         if p.lore:
             if size > lim.max_lore_fact_bytes:
-                raise BridgeError("limit_reached", f"a lore fact is at most {lim.max_lore_fact_bytes} bytes", limit="maxLoreFactBytes")
+                raise BridgeError(
+                    "limit_reached", f"a lore fact is at most {lim.max_lore_fact_bytes} bytes", limit="maxLoreFactBytes"
+                )
             if lore_total + size > lim.max_lore_bytes:
-                raise BridgeError("limit_reached", f"all lore is at most {lim.max_lore_bytes} bytes", limit="maxLoreBytes")
+                raise BridgeError(
+                    "limit_reached", f"all lore is at most {lim.max_lore_bytes} bytes", limit="maxLoreBytes"
+                )
             lore_total += size
         else:
             if size > lim.max_world_fact_bytes:
-                raise BridgeError("limit_reached", f"a fact is at most {lim.max_world_fact_bytes} bytes", limit="maxWorldFactBytes")
+                raise BridgeError(
+                    "limit_reached", f"a fact is at most {lim.max_world_fact_bytes} bytes", limit="maxWorldFactBytes"
+                )
             if total + size > lim.max_world_bytes:
-                raise BridgeError("limit_reached", f"the facts are at most {lim.max_world_bytes} bytes", limit="maxWorldBytes")
+                raise BridgeError(
+                    "limit_reached", f"the facts are at most {lim.max_world_bytes} bytes", limit="maxWorldBytes"
+                )
             total += size
         self._facts[p.key] = _Fact(p, size)
         self._bytes, self._lore_bytes = total, lore_total
@@ -203,4 +215,13 @@ class World:
         return view
 
 
-__all__ = ["World", "View", "EMPTY_VIEW", "RECALL", "RESPOND_DIRECTLY", "RESPOND_DIRECTLY_TOOL", "RESERVED_TOOL_NAMES", "render_value"]
+__all__ = [
+    "World",
+    "View",
+    "EMPTY_VIEW",
+    "RECALL",
+    "RESPOND_DIRECTLY",
+    "RESPOND_DIRECTLY_TOOL",
+    "RESERVED_TOOL_NAMES",
+    "render_value",
+]

@@ -10,9 +10,9 @@ from typing import Any
 
 import trio
 
-from bridge.errors import BridgeError
 from bridge.engines.base import Engine, EngineInfo
 from bridge.engines.scripted import ScriptedEngine
+from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.engines")
 

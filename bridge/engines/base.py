@@ -1,7 +1,7 @@
 """The narrow engine interface every inference engine implements.
 
 The agent loop (steering, budgets, tool runtime, trimming, rollback) lives once in
-``bridge.core.agent._npc``. An engine only turns one *step request* into a stream of chunks:
+``bridge.core.agent``. An engine only turns one *step request* into a stream of chunks:
 text deltas, then optionally one batch of tool calls, then a final ``StepDone``.
 
 Contract:
@@ -10,8 +10,8 @@ Contract:
   that work within a token or two.
 - The engine uses ``request.tools`` and ``request.tool_mode`` as given and never re-filters
   them: a ``"disallowed"`` step carries no tools, a named tool choice carries only that tool.
-  What the model does with them is judged once, in ``bridge.core.agent._npc`` (the same for every
-  engine): calls on a disallowed step are ignored with a warning; a ``"required"`` step
+  What the model does with them is judged once, in ``bridge.core.agent._steering`` (the same for
+  every engine): calls on a disallowed step are ignored with a warning; a ``"required"`` step
   answered without a call fails ``generation_failed``; a call to a tool not in
   ``request.tools`` becomes an error output the model sees. An engine need not enforce any of
   this itself (a grammar that does is welcome).
@@ -20,15 +20,19 @@ Contract:
 - Errors are raised as ``bridge.errors.BridgeError`` with a stable code; any other exception
   is a bug (reported as ``internal_error``).
 - ``count_tokens`` may be slow (a tokenizer): the agent calls it in a worker thread unless
-  the engine sets ``blocking_count = False``, so it must be safe to call from a thread while
-  the engine streams a step. The agent counts messages in batches and adds the counts up
-  (see ``bridge.core.agent._npc.Npc``), so a count should be close to additive over messages.
+  the engine sets ``blocking_count = False`` (``CountCost``), so it must be safe to call from
+  a thread while the engine streams a step. The agent counts messages in batches and adds the
+  counts up (see ``bridge.core.agent._window``), so a count should be close to additive over
+  messages.
+- Optional capabilities are small protocols of their own (``Scriptable``, ``Prewarmable``,
+  ``TextCounter``, ``CountCost``), checked with ``isinstance``: an engine has one by having
+  its members, nothing to inherit or register.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -144,9 +148,6 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
 
 class Engine(Protocol):
     name: str
-    # False when count_tokens is cheap enough for the event loop (the scripted engine);
-    # otherwise the agent calls it in a worker thread. Read with getattr(..., True).
-    blocking_count: bool
 
     @property
     def context_size(self) -> int: ...
@@ -163,10 +164,49 @@ class Engine(Protocol):
         """Drop any per-NPC cached state (reset, delete, restore)."""
         ...
 
-    # Optional (read with getattr): ``async def prewarm(self, request: StepRequest) -> Usage``
-    # prepares the NPC's next step ahead of time (``npc/prewarm``): the llama engine evaluates
-    # the request's prompt into the NPC's saved state, the native engine prewarms Apple's
-    # session. ``request`` is the step the NPC would run now for an empty player line:
-    # ``messages`` ends with the history, no new user message. Cancellable like a step.
-
     async def aclose(self) -> None: ...
+
+
+# Optional capabilities. runtime_checkable: ``isinstance`` checks that the members exist
+# (not their signatures); these declarations give mypy the signatures.
+
+
+@runtime_checkable
+class CountCost(Protocol):
+    """``blocking_count = False``: the engine's counts (``count_tokens``, ``count_text``) are
+    cheap enough for the event loop (the scripted engine). An engine that says nothing counts
+    in a worker thread: see ``counts_block``."""
+
+    blocking_count: bool
+
+
+def counts_block(engine: object) -> bool:
+    """Whether the engine's counts must run off the event loop (unless it says otherwise)."""
+    return bool(engine.blocking_count) if isinstance(engine, CountCost) else True
+
+
+@runtime_checkable
+class TextCounter(Protocol):
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` alone, with no chat template or message framing (``tokens/count``;
+        ``""`` is 0). Blocks like ``count_tokens`` (``counts_block``)."""
+        ...
+
+
+@runtime_checkable
+class Scriptable(Protocol):
+    def set_script(self, npc_id: str, steps: list[Any]) -> None:
+        """Give one NPC its own script (``NpcConfig.script``), from its first step. Only an
+        engine with this method takes NPCs with a script."""
+        ...
+
+
+@runtime_checkable
+class Prewarmable(Protocol):
+    async def prewarm(self, request: StepRequest) -> Usage:
+        """Prepare the NPC's next step ahead of time (``npc/prewarm``): the llama engine
+        evaluates the request's prompt into the NPC's saved state, the native engine prewarms
+        Apple's session. ``request`` is the step the NPC would run now for an empty player
+        line: ``messages`` ends with the history, no new user message. Cancellable like a
+        step. Without this capability a prewarm does nothing (and still completes)."""
+        ...

@@ -157,7 +157,9 @@ def apple_model() -> tuple[bool, str | None]:
     err = ffi.new("char **")
     h = lib.oam_engine_create(_enc.encode({"backend": "apple", "prewarm": False}), err)
     if h == ffi.NULL:
-        _no_apple = _error_from(msgspec.json.decode(_take_string(ffi, lib, err[0]) or "{}"), "model_unavailable").message
+        _no_apple = _error_from(
+            msgspec.json.decode(_take_string(ffi, lib, err[0]) or "{}"), "model_unavailable"
+        ).message
         return False, _no_apple
     try:
         info = msgspec.json.decode(_take_string(ffi, lib, lib.oam_engine_info(h)) or "{}")
@@ -218,12 +220,17 @@ def check_schema_numbers(schema: Any, path: str = "#") -> None:
     for key in ("minItems", "maxItems"):
         n = _number(schema.get(key))
         if n is not None and not n <= MAX_ELEMENT_COUNT:
-            raise BridgeError("invalid_schema", f"{path}: {key} {schema[key]} is out of range (0 to {MAX_ELEMENT_COUNT})")
+            raise BridgeError(
+                "invalid_schema", f"{path}: {key} {schema[key]} is out of range (0 to {MAX_ELEMENT_COUNT})"
+            )
     if schema.get("type") == "integer":
         for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             n = _number(schema.get(key))
             if n is not None and not abs(n) <= MAX_INTEGER_BOUND:
-                raise BridgeError("invalid_schema", f"{path}: {key} {schema[key]} is out of range (integers are bounded by ±{MAX_INTEGER_BOUND:.0e})")
+                raise BridgeError(
+                    "invalid_schema",
+                    f"{path}: {key} {schema[key]} is out of range (integers are bounded by ±{MAX_INTEGER_BOUND:.0e})",
+                )
     for key, value in schema.items():
         if isinstance(value, (dict, list)):
             check_schema_numbers(value, f"{path}/{key}")
@@ -235,7 +242,9 @@ def check_request(request: StepRequest) -> None:
     numbers out of range (``check_schema_numbers``)."""
     t = request.options.temperature
     if t is not None and t > MAX_TEMPERATURE:
-        raise BridgeError("invalid_params", f"options.temperature must be in [0, {MAX_TEMPERATURE:g}] on the native engine, got {t}")
+        raise BridgeError(
+            "invalid_params", f"options.temperature must be in [0, {MAX_TEMPERATURE:g}] on the native engine, got {t}"
+        )
     check_schema_numbers(request.schema)
     for tool in request.tools:
         check_schema_numbers(tool.parameters, f"tool {tool.name}")
@@ -260,7 +269,10 @@ def _request_json(request: StepRequest, prewarm: bool = False) -> bytes:
         "npcId": request.npc_id,
         "instructions": request.instructions,
         "messages": _spoken(request.messages),
-        "tools": [{"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)} for t in request.tools],
+        "tools": [
+            {"name": t.name, "description": t.description, "parameters": _with_property_order(t.parameters)}
+            for t in request.tools
+        ],
         "toolMode": request.tool_mode,
         "schema": _with_property_order(request.schema),
         "options": request.options,
@@ -294,7 +306,9 @@ class NativeEngine:
         err = self._ffi.new("char **")
         h = self._lib.oam_engine_create(_enc.encode(cfg), err)
         if h == self._ffi.NULL:
-            raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "model_unavailable")
+            raise _error_from(
+                msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "model_unavailable"
+            )
         # ffi.gc: destroyed exactly once, by aclose() (ffi.release) or by garbage collection.
         self._h = self._ffi.gc(h, self._lib.oam_engine_destroy)
         self._config = cfg
@@ -367,7 +381,9 @@ class NativeEngine:
         err = self._ffi.new("char **")
         h = self._lib.oam_engine_create(_enc.encode({**self._config, "backend": "scripted", "script": steps}), err)
         if h == self._ffi.NULL:
-            raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request")
+            raise _error_from(
+                msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request"
+            )
         self.forget(npc_id)
         self._npc_handles[npc_id] = self._ffi.gc(h, self._lib.oam_engine_destroy)
 
@@ -377,7 +393,9 @@ class NativeEngine:
         handle = self._npc_handles.get(request.npc_id, self._h)
         step = self._lib.oam_step_start(handle, _request_json(request, prewarm), err)
         if step == self._ffi.NULL:
-            raise _error_from(msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request")
+            raise _error_from(
+                msgspec.json.decode(_take_string(self._ffi, self._lib, err[0]) or "{}"), "invalid_request"
+            )
         return step
 
     def _pull_blocking(self, step: Any, out: Any) -> int:

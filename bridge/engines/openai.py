@@ -1,7 +1,7 @@
 """The remote engine: NPC steps on any OpenAI-compatible server (llama-server, vLLM, Ollama,
 llama-cpp-python's ``llama_cpp.server``), over ``POST {url}/chat/completions`` with SSE.
 
-The steering stays in ``bridge.core.agent._npc`` (tool choice on the first step only, budgets,
+The steering stays in ``bridge.core.agent._steering`` (tool choice on the first step only, budgets,
 hidden tools, validation, rollback): this engine sends each step as the agent built it.
 
 - ``request.tools`` go out as the step gives them; ``tool_mode`` sets ``tool_choice``:
@@ -52,12 +52,21 @@ import jsonschema
 import msgspec
 import trio
 
-from bridge.engines.base import (
-    Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
-    user_text,
-)
 from bridge.engines._text._grammar import CallSniffer, build_grammar
 from bridge.engines._text._prompt import PromptRenderer
+from bridge.engines.base import (
+    Chunk,
+    EngineInfo,
+    Message,
+    StepDone,
+    StepRequest,
+    TextChunk,
+    ToolCall,
+    ToolCallsChunk,
+    ToolSpec,
+    Usage,
+    user_text,
+)
 from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.engines.openai")
@@ -94,7 +103,10 @@ def _estimate(text: str) -> int:
 
 
 def _tool_json(tool: ToolSpec) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters}}
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
 
 
 def chat_messages(request: StepRequest) -> list[dict[str, Any]]:
@@ -125,13 +137,25 @@ def _status_error(status: int, body: str, url: str) -> BridgeError:
     if status == 429:
         return BridgeError("rate_limited", f"{where} is rate-limiting requests (HTTP 429): {text}", status=status)
     if status in (401, 403):
-        return BridgeError("model_unavailable", f"{where} refused the request (HTTP {status}; check --openai-api-key): {text}", status=status)
+        return BridgeError(
+            "model_unavailable",
+            f"{where} refused the request (HTTP {status}; check --openai-api-key): {text}",
+            status=status,
+        )
     if status == 404:
-        return BridgeError("model_unavailable", f"{where} has no such model or endpoint (HTTP 404; check --openai-model and --openai-url): {text}", status=status)
+        return BridgeError(
+            "model_unavailable",
+            f"{where} has no such model or endpoint (HTTP 404; check --openai-model and --openai-url): {text}",
+            status=status,
+        )
     if status == 503:
         return BridgeError("model_unavailable", f"{where} is unavailable (HTTP 503): {text}", status=status)
-    if status in (400, 413, 422) and ("context" in text.lower() or "too long" in text.lower() or "exceed" in text.lower()):
-        return BridgeError("context_size_exceeded", f"{where} refused the prompt as too long (HTTP {status}): {text}", status=status)
+    if status in (400, 413, 422) and (
+        "context" in text.lower() or "too long" in text.lower() or "exceed" in text.lower()
+    ):
+        return BridgeError(
+            "context_size_exceeded", f"{where} refused the prompt as too long (HTTP {status}): {text}", status=status
+        )
     return BridgeError("generation_failed", f"{where} failed (HTTP {status}): {text}", status=status)
 
 
@@ -149,7 +173,9 @@ async def _step_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
     try:
         return await trio.to_thread.run_sync(build_grammar, request)
     except ImportError as e:
-        raise BridgeError("model_unavailable", f"--openai-grammar needs llama-cpp-python's grammar builder: {e}") from None
+        raise BridgeError(
+            "model_unavailable", f"--openai-grammar needs llama-cpp-python's grammar builder: {e}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - whatever the schema converter raises
         raise BridgeError("invalid_schema", f"cannot build grammar: {e}") from e
 
@@ -180,9 +206,16 @@ class OpenAIEngine:
     name = "openai"
     blocking_count = False
 
-    def __init__(self, url: str | None = None, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-                 n_ctx: int = DEFAULT_CTX, grammar: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        n_ctx: int = DEFAULT_CTX,
+        grammar: bool = False,
+    ) -> None:
         ok, reason = availability(url)
         self._available, self._reason = ok, reason
         self.url = base_url(url) if ok and url else ""
@@ -204,9 +237,13 @@ class OpenAIEngine:
         return self._n_ctx
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, available=self._available, reason=self._reason,
-                          context_size=self._n_ctx if self._available else 0,
-                          features=list(FEATURES) if self._available else [])
+        return EngineInfo(
+            name=self.name,
+            available=self._available,
+            reason=self._reason,
+            context_size=self._n_ctx if self._available else 0,
+            features=list(FEATURES) if self._available else [],
+        )
 
     def count_tokens(self, instructions: str, messages: list[Message], tools: list[ToolSpec]) -> int:
         """An estimate: characters / 4 plus a few tokens per message (additive over messages,
@@ -264,14 +301,22 @@ class OpenAIEngine:
 
     def _transport_error(self, e: httpx.HTTPError) -> BridgeError:
         if isinstance(e, httpx.ConnectTimeout):
-            return BridgeError("model_unavailable", f"the server at {self.url} did not accept a connection within {self._timeout.connect} s")
+            return BridgeError(
+                "model_unavailable",
+                f"the server at {self.url} did not accept a connection within {self._timeout.connect} s",
+            )
         if isinstance(e, httpx.ConnectError):
             return BridgeError("model_unavailable", f"cannot connect to the server at {self.url}: {e}")
         if isinstance(e, httpx.ReadTimeout):
-            return BridgeError("generation_failed", f"the server at {self.url} sent nothing for {self._timeout.read} s (--openai-timeout)")
+            return BridgeError(
+                "generation_failed",
+                f"the server at {self.url} sent nothing for {self._timeout.read} s (--openai-timeout)",
+            )
         if isinstance(e, httpx.TimeoutException):
             return BridgeError("generation_failed", f"the server at {self.url} timed out: {type(e).__name__}")
-        return BridgeError("generation_failed", f"the connection to the server at {self.url} was lost: {type(e).__name__}: {e}")
+        return BridgeError(
+            "generation_failed", f"the connection to the server at {self.url} was lost: {type(e).__name__}: {e}"
+        )
 
     def body(self, request: StepRequest, model: str | None, grammar: str | None = None) -> dict[str, Any]:
         """The ``/chat/completions`` request for one step. In grammar mode the step's tools
@@ -283,8 +328,7 @@ class OpenAIEngine:
             messages = PromptRenderer.chat_messages(system, request.messages)
         else:
             messages = chat_messages(request)
-        body: dict[str, Any] = {"messages": messages, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         if model:
             body["model"] = model
         if self.grammar:
@@ -293,14 +337,19 @@ class OpenAIEngine:
         elif request.tools and request.tool_mode != "disallowed":
             body["tools"] = [_tool_json(t) for t in request.tools]
             if request.tool_mode == "required":
-                body["tool_choice"] = ({"type": "function", "function": {"name": request.tools[0].name}}
-                                       if len(request.tools) == 1 else "required")
+                body["tool_choice"] = (
+                    {"type": "function", "function": {"name": request.tools[0].name}}
+                    if len(request.tools) == 1
+                    else "required"
+                )
             else:
                 body["tool_choice"] = "auto"
         if request.schema is not None and not self.grammar:
             if self._schema_form == "json_schema":
-                body["response_format"] = {"type": "json_schema",
-                                           "json_schema": {"name": "answer", "schema": request.schema, "strict": True}}
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": request.schema, "strict": True},
+                }
             else:
                 body["response_format"] = {"type": "json_object", "schema": request.schema}
         o = request.options
@@ -339,9 +388,16 @@ class OpenAIEngine:
                 async with client.stream("POST", f"{self.url}/chat/completions", json=body) as resp:
                     if resp.status_code != 200:
                         err = (await resp.aread()).decode("utf-8", "replace")
-                        if (attempt == 0 and request.schema is not None and self._schema_form == "json_schema"
-                                and resp.status_code in (400, 422, 500) and "response_format" in err):
-                            log.info("openai engine: the server refused response_format json_schema; using json_object with a schema")
+                        if (
+                            attempt == 0
+                            and request.schema is not None
+                            and self._schema_form == "json_schema"
+                            and resp.status_code in (400, 422, 500)
+                            and "response_format" in err
+                        ):
+                            log.info(
+                                "openai engine: the server refused response_format json_schema; using json_object with a schema"
+                            )
                             self._schema_form = "json_object"
                             continue
                         raise _status_error(resp.status_code, err, self.url)
@@ -356,9 +412,15 @@ class OpenAIEngine:
                         try:
                             obj = json.loads(data)
                         except ValueError:
-                            raise BridgeError("generation_failed", f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}") from None
+                            raise BridgeError(
+                                "generation_failed",
+                                f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}",
+                            ) from None
                         if not isinstance(obj, dict):
-                            raise BridgeError("generation_failed", f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}")
+                            raise BridgeError(
+                                "generation_failed",
+                                f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}",
+                            )
                         if obj.get("error") is not None:  # llama-server and vLLM report mid-stream errors so
                             err_obj = obj["error"]
                             msg = err_obj.get("message") if isinstance(err_obj, dict) else err_obj
@@ -381,7 +443,9 @@ class OpenAIEngine:
                             if choice.get("finish_reason"):
                                 finish = choice["finish_reason"]
                     if not done and finish is None:
-                        raise BridgeError("generation_failed", f"the server at {self.url} ended the stream before the answer ended")
+                        raise BridgeError(
+                            "generation_failed", f"the server at {self.url} ended the stream before the answer ended"
+                        )
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
             break
@@ -398,20 +462,29 @@ class OpenAIEngine:
         elif finish in ("tool_calls", "function_call"):
             finish = "stop"  # a server that says it called, and sent no call
         if finish == "content_filter":
-            raise BridgeError("guardrail_violation", f"the server at {self.url} filtered the answer (finish_reason content_filter)")
+            raise BridgeError(
+                "guardrail_violation", f"the server at {self.url} filtered the answer (finish_reason content_filter)"
+            )
         if request.schema is not None and not calls and finish != "length":
             self._check_answer(request.schema, text, warnings)
         if usage is None:
-            usage = Usage(input_tokens=self.count_tokens(request.instructions, request.messages, request.tools),
-                          output_tokens=out_chunks)
-        yield StepDone(usage=usage, finish_reason="length" if finish == "length" else (finish or "stop"), warnings=warnings)
+            usage = Usage(
+                input_tokens=self.count_tokens(request.instructions, request.messages, request.tools),
+                output_tokens=out_chunks,
+            )
+        yield StepDone(
+            usage=usage, finish_reason="length" if finish == "length" else (finish or "stop"), warnings=warnings
+        )
 
     @staticmethod
     def _usage(u: dict[str, Any]) -> Usage:
         details = u.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-        return Usage(input_tokens=int(u.get("prompt_tokens") or 0), output_tokens=int(u.get("completion_tokens") or 0),
-                     cached_tokens=int(cached or 0))
+        return Usage(
+            input_tokens=int(u.get("prompt_tokens") or 0),
+            output_tokens=int(u.get("completion_tokens") or 0),
+            cached_tokens=int(cached or 0),
+        )
 
     @staticmethod
     def _add_call_piece(calls: dict[int, _Call], piece: Any, position: int) -> None:
@@ -421,7 +494,11 @@ class OpenAIEngine:
             return
         idx = piece.get("index")
         if not isinstance(idx, int):
-            idx = len(calls) if piece.get("id") and piece.get("id") not in {c.id for c in calls.values()} else max(calls, default=position)
+            idx = (
+                len(calls)
+                if piece.get("id") and piece.get("id") not in {c.id for c in calls.values()}
+                else max(calls, default=position)
+            )
         call = calls.setdefault(idx, _Call())
         if isinstance(piece.get("id"), str) and piece["id"]:
             call.id = piece["id"]
@@ -463,11 +540,17 @@ class OpenAIEngine:
                     warnings.append(f"the server did not constrain the arguments of {c.name!r} to its schema")
             out.append(ToolCall(id=c.id or f"call_{request.step_index}_{idx}", name=c.name, arguments=args))
         if bad:
-            warnings.append("the server did not constrain tool calls: arguments that are not a JSON object were dropped ("
-                            + "; ".join(bad) + ")")
+            warnings.append(
+                "the server did not constrain tool calls: arguments that are not a JSON object were dropped ("
+                + "; ".join(bad)
+                + ")"
+            )
             if not out:
-                raise BridgeError("generation_failed", "the server's tool call arguments are not a JSON object (it did not constrain them): "
-                                  + "; ".join(bad))
+                raise BridgeError(
+                    "generation_failed",
+                    "the server's tool call arguments are not a JSON object (it did not constrain them): "
+                    + "; ".join(bad),
+                )
         return out
 
     @staticmethod

@@ -19,7 +19,7 @@ Steps given as data are checked when they are set (``validate_script``): anythin
 ``null`` for any key but ``"json"`` included, is ``invalid_params`` with ``data.reason``
 ``"invalid_script"``, at the request that carried it.
 The engine plays what the script says whatever the step's ``tool_mode``: judging a call on a
-disallowed step, or a missing one on a required step, is the agent's job (``bridge.core.agent._npc``).
+disallowed step, or a missing one on a required step, is the agent's job (``bridge.core.agent._steering``).
 It keeps the last ``max_requests`` step requests (``requests``, for tests) and forgets an
 NPC's script, cursor and requests in ``forget``.
 """
@@ -41,7 +41,6 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 import trio
 
-from bridge.errors import ERROR_CODES, BridgeError
 from bridge.engines.base import (
     Chunk,
     EngineInfo,
@@ -55,6 +54,7 @@ from bridge.engines.base import (
     Usage,
     user_text,
 )
+from bridge.errors import ERROR_CODES, BridgeError
 
 Step = Union[dict[str, Any], Callable[[StepRequest], dict[str, Any]]]
 _WORDS = re.compile(r"\S+\s*|\s+")
@@ -98,7 +98,12 @@ def validate_script(steps: Any, what: str = "script") -> None:
         if callable(step):
             continue
         if not isinstance(step, dict):
-            raise BridgeError("invalid_params", f"{what} step {i} must be an object, not {type(step).__name__}", reason="invalid_script", step=i)
+            raise BridgeError(
+                "invalid_params",
+                f"{what} step {i} must be an object, not {type(step).__name__}",
+                reason="invalid_script",
+                step=i,
+            )
         try:
             msgspec.convert(step, _ScriptedStep)
         except msgspec.ValidationError as e:
@@ -161,7 +166,11 @@ class _PromptCount:
         self._base = 0
 
     def count(self, instructions: str, msgs: list[Message], tools: list[ToolSpec]) -> int:
-        if instructions != self._instructions or len(tools) != len(self._tools) or any(a is not b for a, b in zip(tools, self._tools)):
+        if (
+            instructions != self._instructions
+            or len(tools) != len(self._tools)
+            or any(a is not b for a, b in zip(tools, self._tools))
+        ):
             self._instructions, self._tools, self._base = instructions, list(tools), _count_base(instructions, tools)
         self._follow(msgs)
         return self._base + self.totals[-1] - self.totals[0]
@@ -237,7 +246,9 @@ class ScriptedEngine:
         if isinstance(data, list):
             return cls(script=data)
         if not isinstance(data, dict):
-            raise BridgeError("invalid_params", "a script file is a list of steps or an object", reason="invalid_script")
+            raise BridgeError(
+                "invalid_params", "a script file is a list of steps or an object", reason="invalid_script"
+            )
         npcs = data.get("npcs", {})
         size = data.get("contextSize", 4096)
         if not isinstance(npcs, dict):
@@ -345,7 +356,9 @@ class ScriptedEngine:
                 await sleep(chunk_s)
             yield TextChunk(piece)
         usage.output_tokens = len(pieces)
-        yield StepDone(usage=usage, finish_reason=step.get("finishReason", "stop"), warnings=list(step.get("warnings", [])))
+        yield StepDone(
+            usage=usage, finish_reason=step.get("finishReason", "stop"), warnings=list(step.get("warnings", []))
+        )
 
 
 class _Pacer:

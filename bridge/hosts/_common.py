@@ -18,20 +18,83 @@ log = logging.getLogger("oam_bridge")
 def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     """The engine options (``--engine``, ``--script``, ``--model``, ``--llama-*``,
     ``--openai-*``), shared by every host: the bridge, ``oam`` and its server."""
-    ap.add_argument("--engine", default=os.environ.get("OAM_ENGINE", "auto"), choices=["auto", "scripted", "llama", "native", "openai"], help="default engine for npc/create's 'auto' (env OAM_ENGINE)")
-    ap.add_argument("--script", help="scripted engine: a JSON file of steps ({\"default\": [...], \"npcs\": {id: [...]}} or a list)")
-    ap.add_argument("--model", default=os.environ.get("OAM_LLAMA_MODEL"), help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)")
-    ap.add_argument("--llama-ctx", type=int, default=int(os.environ.get("OAM_LLAMA_CTX", "0")), help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)")
-    ap.add_argument("--llama-threads", type=int, default=int(os.environ.get("OAM_LLAMA_THREADS", "0")), help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)")
-    ap.add_argument("--llama-parallel", type=int, default=int(os.environ.get("OAM_LLAMA_PARALLEL", "0")), help="llama engine: NPCs whose steps decode together in one batch; more wait for a place (env OAM_LLAMA_PARALLEL; default 8)")
-    ap.add_argument("--llama-verbose", action="store_true", default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"), help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)")
-    ap.add_argument("--openai-url", default=os.environ.get("OAM_OPENAI_URL"), help="openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without it the engine is unavailable)")
-    ap.add_argument("--openai-model", default=os.environ.get("OAM_OPENAI_MODEL"), help="openai engine: the model name to ask for (env OAM_OPENAI_MODEL; default: the first the server lists)")
-    ap.add_argument("--openai-api-key", default=os.environ.get("OAM_OPENAI_API_KEY"), help="openai engine: sent as a bearer token (env OAM_OPENAI_API_KEY, which keeps it out of the process list)")
-    ap.add_argument("--openai-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_TIMEOUT", "60")), help="openai engine: seconds without a byte from the server before a step fails generation_failed (env OAM_OPENAI_TIMEOUT; default 60)")
-    ap.add_argument("--openai-connect-timeout", type=float, default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")), help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)")
-    ap.add_argument("--openai-ctx", type=int, default=int(os.environ.get("OAM_OPENAI_CTX", "4096")), help="openai engine: the server's context window in tokens, for trimming (env OAM_OPENAI_CTX; default 4096)")
-    ap.add_argument("--openai-grammar", action="store_true", default=os.environ.get("OAM_OPENAI_GRAMMAR", "") not in ("", "0"), help="openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field (llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among several tools, free text and schema answers on servers that do not constrain a choice of tools (env OAM_OPENAI_GRAMMAR=1)")
+    ap.add_argument(
+        "--engine",
+        default=os.environ.get("OAM_ENGINE", "auto"),
+        choices=["auto", "scripted", "llama", "native", "openai"],
+        help="default engine for npc/create's 'auto' (env OAM_ENGINE)",
+    )
+    ap.add_argument(
+        "--script", help='scripted engine: a JSON file of steps ({"default": [...], "npcs": {id: [...]}} or a list)'
+    )
+    ap.add_argument(
+        "--model",
+        default=os.environ.get("OAM_LLAMA_MODEL"),
+        help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)",
+    )
+    ap.add_argument(
+        "--llama-ctx",
+        type=int,
+        default=int(os.environ.get("OAM_LLAMA_CTX", "0")),
+        help="llama engine: context window in tokens (env OAM_LLAMA_CTX; default: the model's, at most 8192)",
+    )
+    ap.add_argument(
+        "--llama-threads",
+        type=int,
+        default=int(os.environ.get("OAM_LLAMA_THREADS", "0")),
+        help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)",
+    )
+    ap.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=int(os.environ.get("OAM_LLAMA_PARALLEL", "0")),
+        help="llama engine: NPCs whose steps decode together in one batch; more wait for a place (env OAM_LLAMA_PARALLEL; default 8)",
+    )
+    ap.add_argument(
+        "--llama-verbose",
+        action="store_true",
+        default=os.environ.get("OAM_LLAMA_VERBOSE", "") not in ("", "0"),
+        help="llama engine: let llama.cpp log to stderr (env OAM_LLAMA_VERBOSE=1)",
+    )
+    ap.add_argument(
+        "--openai-url",
+        default=os.environ.get("OAM_OPENAI_URL"),
+        help="openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without it the engine is unavailable)",
+    )
+    ap.add_argument(
+        "--openai-model",
+        default=os.environ.get("OAM_OPENAI_MODEL"),
+        help="openai engine: the model name to ask for (env OAM_OPENAI_MODEL; default: the first the server lists)",
+    )
+    ap.add_argument(
+        "--openai-api-key",
+        default=os.environ.get("OAM_OPENAI_API_KEY"),
+        help="openai engine: sent as a bearer token (env OAM_OPENAI_API_KEY, which keeps it out of the process list)",
+    )
+    ap.add_argument(
+        "--openai-timeout",
+        type=float,
+        default=float(os.environ.get("OAM_OPENAI_TIMEOUT", "60")),
+        help="openai engine: seconds without a byte from the server before a step fails generation_failed (env OAM_OPENAI_TIMEOUT; default 60)",
+    )
+    ap.add_argument(
+        "--openai-connect-timeout",
+        type=float,
+        default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")),
+        help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)",
+    )
+    ap.add_argument(
+        "--openai-ctx",
+        type=int,
+        default=int(os.environ.get("OAM_OPENAI_CTX", "4096")),
+        help="openai engine: the server's context window in tokens, for trimming (env OAM_OPENAI_CTX; default 4096)",
+    )
+    ap.add_argument(
+        "--openai-grammar",
+        action="store_true",
+        default=os.environ.get("OAM_OPENAI_GRAMMAR", "") not in ("", "0"),
+        help="openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field (llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among several tools, free text and schema answers on servers that do not constrain a choice of tools (env OAM_OPENAI_GRAMMAR=1)",
+    )
 
 
 def build_registry(args: argparse.Namespace) -> EngineRegistry:
@@ -48,8 +111,12 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
     if args.llama_parallel:
         llama_kwargs["n_parallel"] = args.llama_parallel
     openai_kwargs: dict[str, object] = {
-        "url": args.openai_url, "model": args.openai_model, "api_key": args.openai_api_key,
-        "timeout_s": args.openai_timeout, "connect_timeout_s": args.openai_connect_timeout, "n_ctx": args.openai_ctx,
+        "url": args.openai_url,
+        "model": args.openai_model,
+        "api_key": args.openai_api_key,
+        "timeout_s": args.openai_timeout,
+        "connect_timeout_s": args.openai_connect_timeout,
+        "n_ctx": args.openai_ctx,
         "grammar": args.openai_grammar,
     }
     registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs, openai=openai_kwargs)

@@ -119,7 +119,9 @@ class ThreadSendStream(trio.abc.SendStream):
         pass
 
 
-def open_streams(stdio: ClaimedStdio, threads: bool, poll_us: int = 0) -> tuple[trio.abc.ReceiveStream, trio.abc.SendStream]:
+def open_streams(
+    stdio: ClaimedStdio, threads: bool, poll_us: int = 0
+) -> tuple[trio.abc.ReceiveStream, trio.abc.SendStream]:
     if threads or not hasattr(trio.lowlevel, "FdStream"):
         return ThreadReceiveStream(stdio.in_fd), ThreadSendStream(stdio.out_fd)
     recv: trio.abc.ReceiveStream

@@ -68,16 +68,35 @@ IGNORED: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
 }
 # recorded option -> the bridge's flag (options of the session; not stdio, polling, logging)
 _FLAGS: Final = {
-    "engine": "--engine", "model": "--model", "llama_ctx": "--llama-ctx", "llama_threads": "--llama-threads",
-    "openai_url": "--openai-url", "openai_model": "--openai-model", "openai_timeout": "--openai-timeout",
-    "openai_connect_timeout": "--openai-connect-timeout", "openai_ctx": "--openai-ctx",
-    "max_line_bytes": "--max-line-bytes", "max_npcs": "--max-npcs", "max_pending_lines": "--max-pending-lines",
-    "max_outbound_bytes": "--max-outbound-bytes", "exit_grace_ms": "--exit-grace-ms",
+    "engine": "--engine",
+    "model": "--model",
+    "llama_ctx": "--llama-ctx",
+    "llama_threads": "--llama-threads",
+    "openai_url": "--openai-url",
+    "openai_model": "--openai-model",
+    "openai_timeout": "--openai-timeout",
+    "openai_connect_timeout": "--openai-connect-timeout",
+    "openai_ctx": "--openai-ctx",
+    "max_line_bytes": "--max-line-bytes",
+    "max_npcs": "--max-npcs",
+    "max_pending_lines": "--max-pending-lines",
+    "max_outbound_bytes": "--max-outbound-bytes",
+    "exit_grace_ms": "--exit-grace-ms",
 }
 _SWITCHES: Final = {"openai_grammar": "--openai-grammar"}
 _ENV_OF_OPTIONS: Final = (
-    "OAM_ENGINE", "OAM_LLAMA_MODEL", "OAM_LLAMA_CTX", "OAM_LLAMA_THREADS", "OAM_LLAMA_VERBOSE", "OAM_OPENAI_URL",
-    "OAM_OPENAI_MODEL", "OAM_OPENAI_TIMEOUT", "OAM_OPENAI_CONNECT_TIMEOUT", "OAM_OPENAI_CTX", "OAM_OPENAI_GRAMMAR", "OAM_RECORD",
+    "OAM_ENGINE",
+    "OAM_LLAMA_MODEL",
+    "OAM_LLAMA_CTX",
+    "OAM_LLAMA_THREADS",
+    "OAM_LLAMA_VERBOSE",
+    "OAM_OPENAI_URL",
+    "OAM_OPENAI_MODEL",
+    "OAM_OPENAI_TIMEOUT",
+    "OAM_OPENAI_CONNECT_TIMEOUT",
+    "OAM_OPENAI_CTX",
+    "OAM_OPENAI_GRAMMAR",
+    "OAM_RECORD",
 )
 
 
@@ -154,13 +173,23 @@ class Recording:
         """What the recording cannot promise to replay exactly."""
         out = []
         if self.trailer is None:
-            out.append("the recording has no trailer (the bridge was killed?): the lines after its end are not compared")
+            out.append(
+                "the recording has no trailer (the bridge was killed?): the lines after its end are not compared"
+            )
         elif self.trailer.get("droppedLines"):
-            out.append(f"the recording dropped {self.trailer['droppedLines']} lines (the disk was slower than the bridge)")
+            out.append(
+                f"the recording dropped {self.trailer['droppedLines']} lines (the disk was slower than the bridge)"
+            )
         for npc, info in ((self.trailer or {}).get("npcs") or {}).items():
             opts = info.get("options") or {}
-            if info.get("engine") in ("llama", "openai", "native") and opts.get("temperature") != 0 and opts.get("seed") is None:
-                out.append(f"npc {npc!r} sampled on {info['engine']} at temperature {opts.get('temperature', 'default')} without a seed: its texts are random and may differ")
+            if (
+                info.get("engine") in ("llama", "openai", "native")
+                and opts.get("temperature") != 0
+                and opts.get("seed") is None
+            ):
+                out.append(
+                    f"npc {npc!r} sampled on {info['engine']} at temperature {opts.get('temperature', 'default')} without a seed: its texts are random and may differ"
+                )
         return out
 
 
@@ -255,7 +284,9 @@ class Matcher:
         """A line of the game's, about to be sent: recorded ids become this run's; the
         methods of its requests are noted (for ``IGNORED``)."""
         if self.ids:
-            line = _ID_IN_LINE.sub(lambda mo: f'"{self.ids.get(mo.group(1), mo.group(1))}"', line.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+            line = _ID_IN_LINE.sub(
+                lambda mo: f'"{self.ids.get(mo.group(1), mo.group(1))}"', line.decode("utf-8", "surrogateescape")
+            ).encode("utf-8", "surrogateescape")
         try:
             msg = json.loads(line)
         except ValueError:
@@ -302,7 +333,11 @@ class Matcher:
             return Divergence("unexpected", at_line, actual=msg, actual_index=index)
         i = queue.popleft()
         line, expected = self.expected[i]
-        ignored = IGNORED.get(self.methods.get(json.dumps(msg.get("id")), ""), ()) if isinstance(msg, dict) and "id" in msg else ()
+        ignored = (
+            IGNORED.get(self.methods.get(json.dumps(msg.get("id")), ""), ())
+            if isinstance(msg, dict) and "id" in msg
+            else ()
+        )
         diffs = list(self._diff(expected, msg, (), ignored))
         if diffs:
             return Divergence("differs", line, expected=expected, actual=msg, actual_index=index, diffs=diffs[:12])
@@ -393,7 +428,9 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
         if d is not None and out.divergence is None:
             out.divergence = d
 
-    process = await trio.lowlevel.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
 
@@ -458,7 +495,9 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
             if out.divergence is None:
                 if not rec.ended_by_game():
                     matcher.lenient = True
-                    out.notes.append("the recording ends without the session's end: the bridge's lines after it were not compared")
+                    out.notes.append(
+                        "the recording ends without the session's end: the bridge's lines after it were not compared"
+                    )
                 if stdin_open:
                     await stdin.aclose()
                 with trio.move_on_after(timeout_s):
@@ -481,15 +520,23 @@ def _parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(
         prog="oam replay",
         description="Replay a session recorded with oam-bridge --record against a fresh bridge and report the first divergence "
         "(exit status 0: it matched, 1: it diverged, 2: no replay). Options after -- go to the bridge, after the recorded ones.",
     )
     ap.add_argument("recording", help="the JSONL file oam-bridge --record wrote")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds without a line from the bridge before a recorded line it has not written counts as missing (default {DEFAULT_TIMEOUT_S:g}; its first line gets {STARTUP_S:g} at least)")
-    ap.add_argument("--bridge", help="the bridge command to replay against (default: this Python's -m bridge), e.g. dist/oam-bridge/oam-bridge")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds without a line from the bridge before a recorded line it has not written counts as missing (default {DEFAULT_TIMEOUT_S:g}; its first line gets {STARTUP_S:g} at least)",
+    )
+    ap.add_argument(
+        "--bridge",
+        help="the bridge command to replay against (default: this Python's -m bridge), e.g. dist/oam-bridge/oam-bridge",
+    )
     ap.add_argument("--quiet", action="store_true", help="print the divergence only")
     return ap.parse_args(argv), extra
 
@@ -515,7 +562,9 @@ def main(argv: list[str]) -> int:
         base = shlex.split(args.bridge) if args.bridge else [sys.executable, "-m", "bridge"]
         command = [*base, *bridge_argv(rec.header, script_path), *extra]
         if not args.quiet:
-            print(f"replaying {args.recording} (bridge {rec.header.get('bridgeVersion')}, {len(rec.steps)} writes of the game, {len(rec.expected)} lines of the bridge)")
+            print(
+                f"replaying {args.recording} (bridge {rec.header.get('bridgeVersion')}, {len(rec.steps)} writes of the game, {len(rec.expected)} lines of the bridge)"
+            )
             for w in rec.warnings():
                 print(f"  note: {w}")
         try:

@@ -3,8 +3,13 @@ errors and events in, encoded lines out.
 
 - ``parse_line`` decodes a line once: envelope checks, the id rule, the method's typed params.
   It never raises: what is wrong becomes an ``Invalid`` item carrying its error.
-- ``Connection`` holds the connection state; its table says which methods each state
-  allows, and an illegal move raises ``BridgeError``. It is the only gate.
+- ``Connection`` holds the connection state and is the only gate. Two kinds of illegal
+  move, as in h11 (its Remote- and LocalProtocolError): the *peer's* request that its state
+  does not allow is refused with a ``BridgeError`` (``not_initialized``, ``shutting_down`` or
+  ``invalid_request``), answered on the wire; *our own* illegal transition (``closed ->
+  ready``, say) raises ``StateError``, a bug in the bridge, never the peer's doing. Which
+  methods each state allows and where each method moves it come from the method registry
+  (``bridge/core/_methods.py``); which state may follow which is ``CONNECTION_TRANSITIONS``.
 - ``error_from`` is the one exception-to-wire boundary: a ``BridgeError`` keeps its code; any
   other exception is our bug, logged with its traceback and answered ``internal_error`` with
   the exception's type name only.
@@ -23,28 +28,40 @@ from typing import Any, Final
 import msgspec
 
 from bridge.core import _messages as m
+from bridge.core._methods import ALLOWED_METHODS, MOVES, PARAMS, ConnectionState
 from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.protocol")
 
 Id = str | int | float | None
 
-# state -> (states it may move to, methods it allows)
-CONNECTION_TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+# state -> the states it may move to. Closing is idempotent: stdin EOF, a signal and ``exit``
+# may each close the connection, in any order.
+CONNECTION_TRANSITIONS: Final[dict[ConnectionState, frozenset[ConnectionState]]] = {
     "uninitialized": frozenset({"ready", "closed"}),
     "ready": frozenset({"shutting_down", "closed"}),
     "shutting_down": frozenset({"closed"}),
-    "closed": frozenset(),
+    "closed": frozenset({"closed"}),
 }
-_ALL_BUT_INITIALIZE = frozenset(m.PARAMS) - {"initialize"}
-ALLOWED_METHODS: Final[dict[str, frozenset[str]]] = {
-    "uninitialized": frozenset({"initialize", "exit"}),
-    "ready": _ALL_BUT_INITIALIZE,
-    "shutting_down": frozenset({"exit"}),
-    "closed": frozenset(),
+# state -> the error any method it does not allow (ALLOWED_METHODS, from the registry) gets,
+# whatever its params; in a state not listed (ready), a refused method's params are checked
+# first, then it gets invalid_request
+_REFUSALS: Final[dict[ConnectionState, tuple[str, str]]] = {
+    "uninitialized": ("not_initialized", "send initialize first"),
+    "shutting_down": ("shutting_down", "the bridge is shutting down; send exit"),
+    "closed": ("shutting_down", "the bridge is shutting down; send exit"),
 }
-# the method that moves the connection, and where to
-_MOVES: Final = {"initialize": "ready", "shutdown": "shutting_down", "exit": "closed"}
+
+
+class StateError(RuntimeError):
+    """The bridge itself asked the connection for a transition its table does not allow: a bug
+    in the bridge (h11's LocalProtocolError), never the peer's doing. Not a ``BridgeError``:
+    should it reach the wire, ``error_from`` answers it ``internal_error`` and logs it."""
+
+    def __init__(self, state: ConnectionState, new: ConnectionState) -> None:
+        super().__init__(f"connection is {state}; cannot become {new}")
+        self.state = state
+        self.new = new
 
 
 @dataclass(slots=True)
@@ -119,7 +136,7 @@ def decode_params(method: str, params: dict[str, Any]) -> msgspec.Struct:
 
     Clients whose JSON has only doubles (Godot, JavaScript) send 2.0 for 2: a whole-number
     float is accepted where an integer goes, and nothing looser."""
-    typ = m.PARAMS[method]
+    typ = PARAMS[method]
     try:
         return msgspec.convert(params, typ)
     except msgspec.ValidationError as e:
@@ -147,7 +164,7 @@ def _parse_one(obj: Any) -> Item:
         return Invalid(id_, err, has_id)
     if not isinstance(params, dict):
         return Invalid(id_, BridgeError("invalid_message", "params must be an object", reason="bad_params"))
-    if method not in m.PARAMS:
+    if method not in PARAMS:
         return Invalid(id_, BridgeError("method_not_found", f"unknown method {method!r}", method=method), has_id)
     try:
         return Call(id_, has_id, method, decode_params(method, params))
@@ -160,16 +177,24 @@ def parse_line(line: bytes, max_nesting_depth: int = 100) -> Parsed:
     try:
         msg = msgspec.json.decode(line)
     except RecursionError:
-        return Parsed([Invalid(None, BridgeError("invalid_message", "message nested too deeply", reason="too_deep"))], False, len(line))
+        return Parsed(
+            [Invalid(None, BridgeError("invalid_message", "message nested too deeply", reason="too_deep"))],
+            False,
+            len(line),
+        )
     except msgspec.DecodeError as e:
-        return Parsed([Invalid(None, BridgeError("parse_error", f"not valid JSON: {e}", reason="parse_error"))], False, len(line))
+        return Parsed(
+            [Invalid(None, BridgeError("parse_error", f"not valid JSON: {e}", reason="parse_error"))], False, len(line)
+        )
     # a line shorter than the depth limit cannot nest that deep: skip the walk
     if len(line) > max_nesting_depth and not _nesting_ok(msg, max_nesting_depth):
         err = BridgeError("invalid_message", f"message nested deeper than {max_nesting_depth}", reason="too_deep")
         return Parsed([Invalid(None, err)], False, len(line))
     if isinstance(msg, list):
         if not msg:
-            return Parsed([Invalid(None, BridgeError("invalid_message", "empty batch", reason="empty_batch"))], False, len(line))
+            return Parsed(
+                [Invalid(None, BridgeError("invalid_message", "empty batch", reason="empty_batch"))], False, len(line)
+            )
         return Parsed([_parse_one(o) for o in msg], True, len(line))
     return Parsed([_parse_one(msg)], False, len(line))
 
@@ -225,15 +250,14 @@ class Connection:
     """The connection's state and the gate every call passes."""
 
     def __init__(self) -> None:
-        self.state = "uninitialized"
+        self.state: ConnectionState = "uninitialized"
 
     def gate(self, call: Call) -> msgspec.Struct:
-        """The call's params if the call may run now; raises the error to answer otherwise."""
+        """The call's params if the call may run now; raises the ``BridgeError`` to answer
+        otherwise (the peer's illegal request)."""
         allowed = call.method in ALLOWED_METHODS[self.state]
-        if not allowed and self.state == "uninitialized":
-            raise BridgeError("not_initialized", "send initialize first")
-        if not allowed and self.state in ("shutting_down", "closed"):
-            raise BridgeError("shutting_down", "the bridge is shutting down; send exit")
+        if not allowed and (refusal := _REFUSALS.get(self.state)) is not None:
+            raise BridgeError(*refusal)
         if call.params_error is not None:
             raise call.params_error
         if not allowed:
@@ -242,14 +266,14 @@ class Connection:
         return call.params
 
     def moved_by(self, method: str) -> None:
-        """Apply the state change a successful ``method`` makes."""
-        new = _MOVES.get(method)
+        """Apply the state change a successful ``method`` makes (``StateError`` if the state
+        cannot make it: a call that passed ``gate`` always can)."""
+        new = MOVES.get(method)
         if new is not None:
             self.move(new)
 
-    def move(self, new: str) -> None:
-        if new == self.state == "closed":
-            return
+    def move(self, new: ConnectionState) -> None:
+        """Become ``new``; ``StateError`` if the table does not allow it from here."""
         if new not in CONNECTION_TRANSITIONS[self.state]:
-            raise BridgeError("invalid_request", f"connection is {self.state}; cannot become {new}")
+            raise StateError(self.state, new)
         self.state = new

@@ -47,7 +47,7 @@ import time
 from collections import deque
 from typing import Any, Final
 
-from bridge import __version__
+from bridge._version import __version__
 from bridge.jsonrpc._framing import LineTooLong
 
 log = logging.getLogger("oam_bridge.record")
@@ -58,7 +58,9 @@ MAX_BACKLOG_BYTES: Final = 64 * 1024 * 1024  # lines queued for the file, not ye
 CLOSE_TIMEOUT_S: Final = 1.0  # close() waits this long for the thread at most
 
 # options that are not the session's (how stdio is read, logging) or not to be written
-_NOT_RECORDED = frozenset({"record", "parent", "argv", "stdio", "poll_us", "parent_watch_ms", "log_level", "openai_api_key"})
+_NOT_RECORDED = frozenset(
+    {"record", "parent", "argv", "stdio", "poll_us", "parent_watch_ms", "log_level", "openai_api_key"}
+)
 
 _IN, _OUT, _NOTE = 0, 1, 2
 _TOO_LONG_SIZE = 64  # what an oversize line's record weighs in the backlog (its bytes are gone)
@@ -136,7 +138,12 @@ class Recorder:
                 f.flush()
                 if closing:
                     break
-            trailer = {"end": True, "t": round(time.monotonic() - self._t0, 6), "npcs": self._npcs, "droppedLines": self.dropped_lines}
+            trailer = {
+                "end": True,
+                "t": round(time.monotonic() - self._t0, 6),
+                "npcs": self._npcs,
+                "droppedLines": self.dropped_lines,
+            }
             f.write(_dumps(trailer))
         except Exception:  # the recording must never take the bridge down
             log.exception("recording failed; the bridge goes on without it")
@@ -197,7 +204,11 @@ class Recorder:
                 else:
                     continue
                 if isinstance(npc_id, str):
-                    self._npcs[npc_id] = {"engine": config.get("engine", "auto"), "model": config.get("model"), "options": config.get("options") or {}}
+                    self._npcs[npc_id] = {
+                        "engine": config.get("engine", "auto"),
+                        "model": config.get("model"),
+                        "options": config.get("options") or {},
+                    }
                     if "id" in call:
                         self._creating[json.dumps(call["id"])] = npc_id
         except (ValueError, AttributeError, TypeError):
@@ -231,7 +242,7 @@ def recording_header(argv: list[str], options: dict[str, Any]) -> dict[str, Any]
     return {
         "oamRecording": FORMAT_VERSION,
         "bridgeVersion": __version__,
-        "startedAt": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "startedAt": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "argv": _redacted(argv),
         "options": opts,
         "script": script,
@@ -254,7 +265,12 @@ def _complete_header(header: dict[str, Any]) -> dict[str, Any]:
             size = os.path.getsize(model)
         except OSError:
             pass
-    return {**header, "llamaModel": {"path": model, "bytes": size} if model else None, "python": platform.python_version(), "platform": sys.platform}
+    return {
+        **header,
+        "llamaModel": {"path": model, "bytes": size} if model else None,
+        "python": platform.python_version(),
+        "platform": sys.platform,
+    }
 
 
 def _redacted(argv: list[str]) -> list[str]:

@@ -1,8 +1,8 @@
 """The JSON-RPC bridge: the host that puts the service on a line-delimited JSON-RPC stream.
 
 It glues three layers and owns none of their rules: ``_protocol`` (decoding, the connection
-gate, encoding), ``_service`` (what each method does) and ``_transport`` (the one writer and
-the bounded input queue).
+gate, encoding), ``_service`` (what each method does, found through the method registry,
+``bridge/core/_methods.py``) and ``_transport`` (the one writer and the bounded input queue).
 
 Requests are handled strictly in arrival order, so a game can pipeline ``npc/create`` and
 ``npc/respond`` without waiting. A line is handled by the reader itself when nothing is queued
@@ -23,26 +23,49 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
 
 from bridge.core import _messages as m
-from bridge.jsonrpc._framing import LineFramer, LineTooLong
 from bridge.core._messages import Limits
-from bridge.jsonrpc._protocol import Call, Connection, Invalid, Parsed, error_from, error_response, event_line, parse_line, reply_line, response
-from bridge.jsonrpc._record import Recorder
+from bridge.core._methods import MAY_WAIT, METHODS, ConnectionState
 from bridge.core._service import Service
-from bridge.jsonrpc._transport import PendingLines, Writer
 from bridge.engines import EngineRegistry
 from bridge.errors import BridgeError
+from bridge.jsonrpc._framing import LineFramer, LineTooLong
+from bridge.jsonrpc._protocol import (
+    Call,
+    Connection,
+    Invalid,
+    Parsed,
+    error_from,
+    error_response,
+    event_line,
+    parse_line,
+    reply_line,
+    response,
+)
+from bridge.jsonrpc._record import Recorder
+from bridge.jsonrpc._transport import PendingLines, Writer
 
 log = logging.getLogger("oam_bridge.server")
 
-# methods whose handling may wait (an engine start, a token count on a model): never run
-# by the reader itself
-_MAY_WAIT = frozenset({"npc/create", "npc/restore", "tokens/count", "npc/decide"})
 RETRY_AFTER_MS = 10
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+def operations(service: Service) -> dict[str, Callable[[Any], Any]]:
+    """method -> what runs it: the registry's operation on ``service``. A method without one
+    (``exit``) does nothing here: its connection move is its whole effect."""
+    return {
+        name: _nothing if method.operation is None else partial(method.operation, service)
+        for name, method in METHODS.items()
+    }
 
 
 def _refusals(items: list[Call | Invalid], err: BridgeError) -> list[dict[str, Any]]:
@@ -62,7 +85,7 @@ class _Line:
         """The response line when the bridge leaves before handling the rest of the line:
         each request not handled yet gets ``shutting_down`` (an invalid one its own error)."""
         err = BridgeError("shutting_down", "the bridge is exiting")
-        self.replies += _refusals(self.parsed.items[self.done:], err)
+        self.replies += _refusals(self.parsed.items[self.done :], err)
         return reply_line(self.parsed, self.replies)
 
 
@@ -72,7 +95,9 @@ class Server:
 
     ``recorder``: the session recording (``--record``), shown every line read and written."""
 
-    def __init__(self, registry: EngineRegistry | None = None, limits: Limits | None = None, recorder: Recorder | None = None) -> None:
+    def __init__(
+        self, registry: EngineRegistry | None = None, limits: Limits | None = None, recorder: Recorder | None = None
+    ) -> None:
         self.limits = limits or Limits()
         self.recorder = recorder
         self.conn = Connection()
@@ -82,31 +107,10 @@ class Server:
         self._stop = trio.Event()
         self._processed = trio.Event()
         self._line_scope: trio.CancelScope | None = None  # the processor's line, while handled
-        self._handlers: dict[str, Callable[[Any], Any]] = {
-            "initialize": self.service.initialize,
-            "shutdown": self._shutdown,
-            "exit": self._exit,
-            "npc/create": self.service.create,
-            "npc/respond": self.service.respond,
-            "npc/submit": self.service.submit,
-            "npc/cancel": self.service.cancel,
-            "npc/transcript": self.service.transcript,
-            "npc/restore": self.service.restore,
-            "npc/reset": self.service.reset,
-            "npc/delete": self.service.delete,
-            "npc/list": lambda _: self.service.list(),
-            "tokens/count": self.service.count_tokens,
-            "engine/status": lambda _: self.service.engine_status(),
-            "npc/decide": self.service.decide,
-            "npc/prewarm": self.service.prewarm,
-            "npc/setTags": self.service.set_tags,
-            "world/set": self.service.world_set,
-            "world/delete": self.service.world_delete,
-            "world/get": self.service.world_get,
-        }
+        self._operations = operations(self.service)
 
     @property
-    def state(self) -> str:
+    def state(self) -> ConnectionState:
         return self.conn.state
 
     @property
@@ -115,8 +119,7 @@ class Server:
 
     def stop(self) -> None:
         """End serving: stdin EOF, ``exit``, a signal, or the peer closing stdout."""
-        if self.conn.state != "closed":
-            self.conn.move("closed")
+        self.conn.move("closed")  # closing is idempotent
         self._stop.set()
 
     # ---- the service's event sink ----
@@ -132,12 +135,6 @@ class Server:
             self._writer.put(event_line(event), direct=False)
 
     # ---- the protocol ----
-
-    def _shutdown(self, _: m.EmptyParams) -> None:
-        self.service.cancel_all("turn_ended")
-
-    def _exit(self, _: m.EmptyParams) -> None:
-        self._stop.set()
 
     async def handle_line(self, line: bytes) -> bytes | None:
         """One line in, the encoded response line (or ``None``) out."""
@@ -157,10 +154,12 @@ class Server:
     async def _call(self, call: Call) -> dict[str, Any] | None:
         try:
             params = self.conn.gate(call)
-            result = self._handlers[call.method](params)
+            result = self._operations[call.method](params)
             if isinstance(result, Awaitable):
                 result = await result
             self.conn.moved_by(call.method)
+            if self.conn.state == "closed":  # exit: the connection is over, and so is serving
+                self._stop.set()
         except Exception as e:  # the one boundary: BridgeError keeps its code, bugs are internal_error
             err = error_from(e, call.method)
             return error_response(call.id, err) if call.has_id else None
@@ -271,7 +270,7 @@ class Server:
                         self._line_scope is None
                         and not len(pending)
                         and writer.has_room()
-                        and not any(c.method in _MAY_WAIT for c in parsed.calls)
+                        and not any(c.method in MAY_WAIT for c in parsed.calls)
                     ):
                         # Nothing is queued ahead and nothing in it waits: handle it here.
                         out = await self.handle(parsed)
@@ -301,7 +300,9 @@ class Server:
     def _parse(self, item: bytes | LineTooLong) -> Parsed:
         if isinstance(item, LineTooLong):
             limit = self.limits.max_line_bytes
-            err = BridgeError("message_too_large", f"line of {item.size} bytes exceeds {limit}", size=item.size, limit=limit)
+            err = BridgeError(
+                "message_too_large", f"line of {item.size} bytes exceeds {limit}", size=item.size, limit=limit
+            )
             return Parsed([Invalid(None, err)], False, 0)
         return parse_line(item, self.limits.max_nesting_depth)
 

@@ -35,7 +35,13 @@ class Writer:
     order: the session recording); it must not block. A line written in part is shown once,
     whole."""
 
-    def __init__(self, send: trio.abc.SendStream, max_bytes: int, fd: int | None = None, tap: Callable[[bytes], None] | None = None) -> None:
+    def __init__(
+        self,
+        send: trio.abc.SendStream,
+        max_bytes: int,
+        fd: int | None = None,
+        tap: Callable[[bytes], None] | None = None,
+    ) -> None:
         self._send = send
         self._fd = fd  # a non-blocking fd behind ``send``, for direct writes
         self._tap = tap
@@ -127,7 +133,7 @@ class Writer:
                 data = b"".join(self._chunks)
                 self._chunks.clear()
                 if self._tap is not None:
-                    fresh, self._tapped = data[self._tapped:] if self._tapped else data, 0
+                    fresh, self._tapped = data[self._tapped :] if self._tapped else data, 0
                     if fresh:
                         self._tap(fresh)
                 self._busy = True

@@ -10,30 +10,69 @@ import sys
 
 import trio
 
-from bridge import __version__
-from bridge.jsonrpc._framing import DEFAULT_MAX_LINE_BYTES
+from bridge._version import __version__
 from bridge.core._messages import Limits
-from bridge.jsonrpc._record import Recorder, recording_header
-from bridge.jsonrpc._server import Server
 from bridge.hosts._common import add_engine_arguments, build_registry, leave
 from bridge.hosts._stdio import ClaimedStdio, open_streams
+from bridge.jsonrpc._framing import DEFAULT_MAX_LINE_BYTES
+from bridge.jsonrpc._record import Recorder, recording_header
+from bridge.jsonrpc._server import Server
 
 log = logging.getLogger("oam_bridge")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="oam-bridge", description="NPC brains for any game engine: JSON-RPC 2.0 over stdio.")
+    ap = argparse.ArgumentParser(
+        prog="oam-bridge", description="NPC brains for any game engine: JSON-RPC 2.0 over stdio."
+    )
     add_engine_arguments(ap)
     ap.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES, help="longest input line accepted")
-    ap.add_argument("--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)")
-    ap.add_argument("--max-pending-lines", type=int, default=Limits().max_pending_lines, help="lines read but not processed before requests get overloaded")
-    ap.add_argument("--max-outbound-bytes", type=int, default=Limits().max_outbound_bytes, help="output bytes the game has not read before turns wait")
-    ap.add_argument("--exit-grace-ms", type=int, default=Limits().exit_grace_ms, help="on stdin EOF, exit or a signal, the process is gone within this")
-    ap.add_argument("--stdio", choices=["fd", "threads"], default=os.environ.get("OAM_STDIO", "fd"), help="how stdio is read: non-blocking fds, or reader threads (the Windows path)")
-    ap.add_argument("--poll-us", type=int, default=int(os.environ.get("OAM_POLL_US", "200")), help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)")
-    ap.add_argument("--parent-watch-ms", type=int, default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")), help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)")
+    ap.add_argument(
+        "--max-npcs", type=int, default=Limits().max_npcs, help="NPCs at most (then npc/create gets limit_reached)"
+    )
+    ap.add_argument(
+        "--max-pending-lines",
+        type=int,
+        default=Limits().max_pending_lines,
+        help="lines read but not processed before requests get overloaded",
+    )
+    ap.add_argument(
+        "--max-outbound-bytes",
+        type=int,
+        default=Limits().max_outbound_bytes,
+        help="output bytes the game has not read before turns wait",
+    )
+    ap.add_argument(
+        "--exit-grace-ms",
+        type=int,
+        default=Limits().exit_grace_ms,
+        help="on stdin EOF, exit or a signal, the process is gone within this",
+    )
+    ap.add_argument(
+        "--stdio",
+        choices=["fd", "threads"],
+        default=os.environ.get("OAM_STDIO", "fd"),
+        help="how stdio is read: non-blocking fds, or reader threads (the Windows path)",
+    )
+    ap.add_argument(
+        "--poll-us",
+        type=int,
+        default=int(os.environ.get("OAM_POLL_US", "200")),
+        help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)",
+    )
+    ap.add_argument(
+        "--parent-watch-ms",
+        type=int,
+        default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")),
+        help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)",
+    )
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
-    ap.add_argument("--record", metavar="FILE", default=os.environ.get("OAM_RECORD") or None, help="record the session (every line in and out, the engine options) to FILE, a JSONL file python -m bridge.hosts.replay plays back (env OAM_RECORD)")
+    ap.add_argument(
+        "--record",
+        metavar="FILE",
+        default=os.environ.get("OAM_RECORD") or None,
+        help="record the session (every line in and out, the engine options) to FILE, a JSONL file python -m bridge.hosts.replay plays back (env OAM_RECORD)",
+    )
     ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
     return ap.parse_args(argv)
 
@@ -118,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.parent = parent
     args.argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s"
+    )
     stdio = ClaimedStdio()
     trio.run(_serve, args, stdio)
     leave(0)

@@ -3,28 +3,38 @@ real ``oam-bridge`` subprocess over pipes (the ``any_client`` fixture)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
+import msgspec
 import pytest
-import trio
 
-from tests.conftest import DOOR_TOOL, INVENTORY_TOOL, ROOT, Client, RpcError, _contract_targets
+import bridge
+from bridge import Limits
+from tests.support.harness import DOOR_TOOL, INVENTORY_TOOL, Client, RpcError
 
 req = pytest.mark.req
-# What any_client is parametrized with, decided (like the fixture's params) at collection.
-TARGETS_AT_COLLECTION = _contract_targets()
 
 
-async def create(c: Client, npc_id: str = "keeper", script: list | None = None, tools: list | None = None, **kw) -> dict:
-    params = {"npcId": npc_id, "persona": {"name": "Greta", "role": "tavern keeper", "traits": ["gruff"]}, "tools": tools if tools is not None else [INVENTORY_TOOL], **kw}
+async def create(
+    c: Client, npc_id: str = "keeper", script: list | None = None, tools: list | None = None, **kw
+) -> dict:
+    params = {
+        "npcId": npc_id,
+        "persona": {"name": "Greta", "role": "tavern keeper", "traits": ["gruff"]},
+        "tools": tools if tools is not None else [INVENTORY_TOOL],
+        **kw,
+    }
     if script is not None:
         params["script"] = script
     return await c.call("npc/create", params)
 
 
 @req("P-INIT-1")
-async def test_initialize_reports_version_engines_and_limits(any_client: Client) -> None:
+async def test_initialize_reports_version_engines_and_limits(any_client: Client, contract_limits: Limits) -> None:
+    init = any_client.init_result
+    assert init is not None
+    assert init["protocolVersion"] == 1
+    assert init["serverInfo"] == {"name": "oam-bridge", "version": bridge.__version__}
+    assert init["limits"] == msgspec.to_builtins(contract_limits), "the limits the bridge was started with"
+    assert {e["name"] for e in init["engines"]} >= {"scripted", "llama", "native"}
     status = await any_client.call("engine/status", {})
     names = {e["name"]: e for e in status["engines"]}
     assert names["scripted"]["available"] is True
@@ -35,7 +45,13 @@ async def test_initialize_reports_version_engines_and_limits(any_client: Client)
 @req("T-TOOL-1")
 async def test_engine_executed_tool_round_trip(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "We have 3 barrels."}])
+    await create(
+        c,
+        script=[
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "We have 3 barrels."},
+        ],
+    )
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
     ev = await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
     assert ev["params"]["name"] == "check_inventory" and ev["params"]["arguments"] == {"item": "ale"}
@@ -43,7 +59,9 @@ async def test_engine_executed_tool_round_trip(any_client: Client) -> None:
     done = await c.wait_terminal(r["turnId"])
     assert done["method"] == "turn/completed"
     assert done["params"]["text"] == "We have 3 barrels."
-    assert done["params"]["toolCalls"] == [{"callId": "c1", "name": "check_inventory", "arguments": {"item": "ale"}, "output": {"count": 3}}]
+    assert done["params"]["toolCalls"] == [
+        {"callId": "c1", "name": "check_inventory", "arguments": {"item": "ale"}, "output": {"count": 3}}
+    ]
     assert done["params"]["steps"] == 2
     c.assert_well_formed(r["turnId"])
     deltas = [e["params"] for e in c.turn_events(r["turnId"]) if e["method"] == "turn/textDelta"]
@@ -54,7 +72,13 @@ async def test_engine_executed_tool_round_trip(any_client: Client) -> None:
 async def test_engine_warnings_reach_the_completed_turn_once(any_client: Client) -> None:
     c = any_client
     w = "schema: 'pattern' is not enforced while generating (checked afterwards)"
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}], "warnings": [w]}, {"text": "ok", "warnings": [w, "second"]}])
+    await create(
+        c,
+        script=[
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}], "warnings": [w]},
+            {"text": "ok", "warnings": [w, "second"]},
+        ],
+    )
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
     await c.call("npc/submit", {"npcId": "keeper", "callId": "c1", "output": 1})
@@ -65,7 +89,15 @@ async def test_engine_warnings_reach_the_completed_turn_once(any_client: Client)
 @req("C-CONTRACT-1")
 async def test_calls_on_a_disallowed_step_are_ignored_with_a_warning(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"text": "No tools today.", "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}])
+    await create(
+        c,
+        script=[
+            {
+                "text": "No tools today.",
+                "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}],
+            }
+        ],
+    )
     tid, done = await c.turn("keeper", "Any ale?", toolChoice="none")
     assert done["method"] == "turn/completed", done
     assert done["params"]["text"] == "No tools today." and done["params"]["toolCalls"] == []
@@ -90,7 +122,10 @@ async def test_a_required_step_answered_with_text_fails_generation_failed(any_cl
 @req("C-CONTRACT-3")
 async def test_a_call_to_a_tool_not_shown_gets_an_error_output_and_the_turn_goes_on(any_client: Client) -> None:
     c = any_client
-    calls = [{"id": "a", "name": "check_inventory", "arguments": {"item": "ale"}}, {"id": "b", "name": "fly", "arguments": {}}]
+    calls = [
+        {"id": "a", "name": "check_inventory", "arguments": {"item": "ale"}},
+        {"id": "b", "name": "fly", "arguments": {}},
+    ]
     await create(c, tools=[INVENTORY_TOOL, DOOR_TOOL], script=[{"toolCalls": calls}, {"text": "The door stays shut."}])
     tid, done = await c.turn("keeper", "Open the north door.", toolChoice={"tool": "open_door"})
     assert done["method"] == "turn/completed", done
@@ -99,25 +134,20 @@ async def test_a_call_to_a_tool_not_shown_gets_an_error_output_and_the_turn_goes
     assert "not offered on this step" in errors["a"] and "unknown tool" in errors["b"]
     assert not [e for e in c.turn_events(tid) if e["method"] == "turn/toolCallRequested"], "the game never sees them"
     t = await c.call("npc/transcript", {"npcId": "keeper"})
-    assert [(m["toolCallId"], m.get("isError")) for m in t["turns"][0] if m["role"] == "tool"] == [("a", True), ("b", True)]
+    assert [(m["toolCallId"], m.get("isError")) for m in t["turns"][0] if m["role"] == "tool"] == [
+        ("a", True),
+        ("b", True),
+    ]
     c.assert_well_formed(tid)
-
-
-def test_the_native_target_is_not_dropped_where_it_can_be_built() -> None:
-    """any_client's targets are fixed when pytest collects; the native one used to vanish,
-    silently, when the Swift library was not built by then. Where it can be built (a Swift
-    toolchain and native/Package.swift) or under CI, its absence is a failure."""
-    buildable = shutil.which("swift") is not None and os.path.exists(os.path.join(ROOT, "native", "Package.swift"))
-    if buildable or os.environ.get("CI") == "true":
-        assert "native-subprocess" in TARGETS_AT_COLLECTION, "the native library was not built before the tests: run `make native` (or `make test`)"
-    else:
-        assert TARGETS_AT_COLLECTION[:2] == ["memory", "subprocess"]
 
 
 @req("T-TOOL-2")
 async def test_submit_for_unknown_or_answered_call_is_an_error(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "ok"}])
+    await create(
+        c,
+        script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "ok"}],
+    )
     with pytest.raises(RpcError) as e:
         await c.call("npc/submit", {"npcId": "keeper", "callId": "nope", "output": 1})
     assert e.value.code == "unknown_tool_call" and e.value.error["code"] == -31021
@@ -133,7 +163,13 @@ async def test_submit_for_unknown_or_answered_call_is_an_error(any_client: Clien
 @req("T-TOOL-3")
 async def test_tool_error_becomes_the_output_and_the_turn_completes(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "Sorry, the cellar is locked."}])
+    await create(
+        c,
+        script=[
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "Sorry, the cellar is locked."},
+        ],
+    )
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
     await c.call("npc/submit", {"npcId": "keeper", "callId": "c1", "error": "cellar locked"})
@@ -147,7 +183,10 @@ async def test_tool_error_becomes_the_output_and_the_turn_completes(any_client: 
 @req("T-TOOL-4")
 async def test_parallel_calls_are_requested_together_and_outputs_keep_call_order(any_client: Client) -> None:
     c = any_client
-    calls = [{"id": "a", "name": "check_inventory", "arguments": {"item": "ale"}}, {"id": "b", "name": "check_inventory", "arguments": {"item": "mead"}}]
+    calls = [
+        {"id": "a", "name": "check_inventory", "arguments": {"item": "ale"}},
+        {"id": "b", "name": "check_inventory", "arguments": {"item": "mead"}},
+    ]
     await create(c, script=[{"toolCalls": calls}, {"text": "done"}])
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Ale and mead?"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"], callId="a")
@@ -164,7 +203,13 @@ async def test_parallel_calls_are_requested_together_and_outputs_keep_call_order
 @req("T-TOOL-5")
 async def test_tool_timeout_withdraws_the_call_and_the_model_gets_an_error(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "The cellar boy is slow."}])
+    await create(
+        c,
+        script=[
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "The cellar boy is slow."},
+        ],
+    )
     tid, done = await c.turn("keeper", "Any ale?", toolTimeoutMs=50)
     assert done["method"] == "turn/completed"
     w = await c.wait_event("turn/toolCallWithdrawn", turnId=tid)
@@ -176,7 +221,13 @@ async def test_tool_timeout_withdraws_the_call_and_the_model_gets_an_error(any_c
 @req("T-CANCEL-1")
 async def test_cancel_while_awaiting_a_tool_withdraws_it_and_rolls_back(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"text": "Welcome."}, {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}])
+    await create(
+        c,
+        script=[
+            {"text": "Welcome."},
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+        ],
+    )
     await c.turn("keeper", "Hello")
     before = await c.call("npc/transcript", {"npcId": "keeper"})
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
@@ -205,7 +256,14 @@ async def test_cancel_mid_stream_ends_cancelled(any_client: Client) -> None:
 @req("T-ROLLBACK-1")
 async def test_failed_turn_rolls_back_and_reports_the_stable_code(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"text": "Hi."}, {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"error": "guardrail_violation"}])
+    await create(
+        c,
+        script=[
+            {"text": "Hi."},
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"error": "guardrail_violation"},
+        ],
+    )
     await c.turn("keeper", "Hello")
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Threaten me"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
@@ -226,18 +284,29 @@ async def test_turns_of_one_npc_run_in_order_and_npcs_run_concurrently(any_clien
     r3 = await c.call("npc/respond", {"npcId": "b", "prompt": "1"})
     for r in (r1, r2, r3):
         await c.wait_terminal(r["turnId"])
-    order = [(e["method"], e["params"]["turnId"]) for e in c.events if e["method"] in ("turn/started", "turn/completed")]
+    order = [
+        (e["method"], e["params"]["turnId"]) for e in c.events if e["method"] in ("turn/started", "turn/completed")
+    ]
     assert order.index(("turn/completed", r1["turnId"])) < order.index(("turn/started", r2["turnId"]))
     # b started while a's first turn was still running
     assert order.index(("turn/started", r3["turnId"])) < order.index(("turn/completed", r1["turnId"]))
-    texts = [m["content"] for t in (await c.call("npc/transcript", {"npcId": "a"}))["turns"] for m in t if m["role"] == "assistant"]
+    texts = [
+        m["content"]
+        for t in (await c.call("npc/transcript", {"npcId": "a"}))["turns"]
+        for m in t
+        if m["role"] == "assistant"
+    ]
     assert texts == ["a1", "a2"]
 
 
 @req("T-SCHEMA-1")
 async def test_structured_answer_streams_partial_json_and_follows_schema_order(any_client: Client) -> None:
     c = any_client
-    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["serve", "refuse"]}}, "required": ["reasoning", "choice"]}
+    schema = {
+        "type": "object",
+        "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["serve", "refuse"]}},
+        "required": ["reasoning", "choice"],
+    }
     await create(c, script=[{"json": {"choice": "serve", "reasoning": "They paid."}}])
     tid, done = await c.turn("keeper", "Serve them?", schema=schema)
     assert done["method"] == "turn/completed"
@@ -270,7 +339,13 @@ async def test_answer_that_breaks_the_schema_fails_the_turn(any_client: Client) 
 @req("S-SAVE-1")
 async def test_transcript_restores_exactly_in_another_npc(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "Three."}])
+    await create(
+        c,
+        script=[
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "Three."},
+        ],
+    )
     r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Ale?"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
     await c.call("npc/submit", {"npcId": "keeper", "callId": "c1", "output": 3})
@@ -286,7 +361,11 @@ async def test_errors_carry_code_string_and_retryable(any_client: Client) -> Non
     c = any_client
     with pytest.raises(RpcError) as e:
         await c.call("npc/respond", {"npcId": "ghost", "prompt": "hi"})
-    assert e.value.error["code"] == -31020 and e.value.error["data"] == {"code": "unknown_npc", "retryable": False, "npcId": "ghost"}
+    assert e.value.error["code"] == -31020 and e.value.error["data"] == {
+        "code": "unknown_npc",
+        "retryable": False,
+        "npcId": "ghost",
+    }
     with pytest.raises(RpcError) as e:
         await c.call("npc/dance", {})
     assert e.value.error["code"] == -32601
@@ -320,7 +399,9 @@ async def test_a_null_in_a_script_step_is_refused_at_create_except_a_null_json_a
             await create(c, f"n{k}", script=[step])
         assert (e.value.code, e.value.error["data"].get("reason")) == ("invalid_params", "invalid_script"), step
         with pytest.raises(RpcError) as e:
-            await c.call("npc/restore", {"save": {"version": 1, "config": {"npcId": f"n{k}", "script": [step]}, "turns": []}})
+            await c.call(
+                "npc/restore", {"save": {"version": 1, "config": {"npcId": f"n{k}", "script": [step]}, "turns": []}}
+            )
         assert e.value.code == "invalid_params", step
     assert (await c.call("npc/list", {}))["npcs"] == []
     await create(c, script=[{"json": None}, {"error": "busy"}])

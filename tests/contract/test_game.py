@@ -1,4 +1,4 @@
-"""The game layer (issue 10): world state and lore, decisions, guardrail policies, prewarm,
+"""The game layer: world state and lore, decisions, guardrail policies, prewarm,
 NPC-to-NPC speakers, tool_or_answer. Run in-process and through the real ``oam-bridge``
 subprocess on the scripted engine and on the native engine (``any_client``)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import INVENTORY_TOOL, Client, RpcError
+from tests.support.harness import INVENTORY_TOOL, Client, RpcError
 
 req = pytest.mark.req
 OPTIONS = [{"name": "let_in", "description": "open the gate"}, {"name": "question", "description": "ask who they are"}]
@@ -41,14 +41,26 @@ async def test_world_set_get_delete_keep_a_revision_and_a_scope(any_client: Clie
     everything = await c.call("world/get", {})
     assert everything["revision"] == 3
     assert [f["key"] for f in everything["facts"]] == ["gate", "secret", "weather"], "sorted by key"
-    assert everything["facts"][0] == {"key": "gate", "value": {"open": False}, "npcIds": None, "tags": ["gate"], "lore": False}
+    assert everything["facts"][0] == {
+        "key": "gate",
+        "value": {"open": False},
+        "npcIds": None,
+        "tags": ["gate"],
+        "lore": False,
+    }
     guard = await c.call("world/get", {"npcId": "guard"})
     assert [f["key"] for f in guard["facts"]] == ["gate", "weather"]
     keeper = await c.call("world/get", {"npcId": "keeper"})
     assert [f["key"] for f in keeper["facts"]] == ["secret", "weather"]
     await c.call("npc/setTags", {"npcId": "keeper", "tags": ["tavern", "gate"]})
-    assert [f["key"] for f in (await c.call("world/get", {"npcId": "keeper"}))["facts"]] == ["gate", "secret", "weather"]
-    assert (await c.call("npc/transcript", {"npcId": "keeper"}))["config"]["tags"] == ["tavern", "gate"], "tags are saved"
+    assert [f["key"] for f in (await c.call("world/get", {"npcId": "keeper"}))["facts"]] == [
+        "gate",
+        "secret",
+        "weather",
+    ]
+    assert (await c.call("npc/transcript", {"npcId": "keeper"}))["config"]["tags"] == ["tavern", "gate"], (
+        "tags are saved"
+    )
     assert await c.call("world/delete", {"key": "weather"}) == {"revision": 4, "deleted": True}
     assert await c.call("world/delete", {"key": "weather"}) == {"revision": 4, "deleted": False}
     with pytest.raises(RpcError) as e:
@@ -85,7 +97,9 @@ async def test_facts_count_in_the_npcs_prompt_tokens_only_where_visible(any_clie
     await create(c, tags=["gate"])
     before = (await c.call("tokens/count", {"npcId": "guard", "text": ""}))["promptTokens"]
     await c.call("world/set", {"key": "tavern rumour", "value": "the brewer has a new cask " * 5, "tags": ["tavern"]})
-    assert (await c.call("tokens/count", {"npcId": "guard", "text": ""}))["promptTokens"] == before, "out of scope: not in the prompt"
+    assert (await c.call("tokens/count", {"npcId": "guard", "text": ""}))["promptTokens"] == before, (
+        "out of scope: not in the prompt"
+    )
     await c.call("world/set", {"key": "gate rumour", "value": "the captain is away " * 5, "tags": ["gate"]})
     assert (await c.call("tokens/count", {"npcId": "guard", "text": ""}))["promptTokens"] > before
 
@@ -94,11 +108,16 @@ async def test_facts_count_in_the_npcs_prompt_tokens_only_where_visible(any_clie
 async def test_facts_follow_the_persona_sorted_and_a_change_applies_from_the_next_step(any_client: Client) -> None:
     c = any_client
     tool = {**INVENTORY_TOOL}
-    await create(c, tools=[tool], tags=["gate"], script=[
-        {"echo": "instructions"},
-        {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
-        {"echo": "instructions"},
-    ])
+    await create(
+        c,
+        tools=[tool],
+        tags=["gate"],
+        script=[
+            {"echo": "instructions"},
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"echo": "instructions"},
+        ],
+    )
     await c.call("world/set", {"key": "weather", "value": "storm"})
     await c.call("world/set", {"key": "gate", "value": {"open": False}, "tags": ["gate"]})
     await c.call("world/set", {"key": "elsewhere", "value": "not for the guard", "npcIds": ["keeper"]})
@@ -122,19 +141,37 @@ async def test_facts_follow_the_persona_sorted_and_a_change_applies_from_the_nex
 async def test_lore_is_not_in_the_prompt_and_recall_is_answered_by_the_bridge(any_client: Client) -> None:
     c = any_client
     await c.call("world/set", {"key": "the old keep", "value": "Built by the old king.", "lore": True})
-    await c.call("world/set", {"key": "the river", "value": {"name": "Aln", "fords": 2}, "lore": True, "tags": ["river"]})
-    await create(c, tools=[INVENTORY_TOOL], script=[
-        {"toolCalls": [{"id": "r1", "name": "recall", "arguments": {"topic": "the old keep"}}, {"id": "r2", "name": "recall", "arguments": {"topic": "the river"}}]},
-        {"text": "The old king built it."},
-    ])
+    await c.call(
+        "world/set", {"key": "the river", "value": {"name": "Aln", "fords": 2}, "lore": True, "tags": ["river"]}
+    )
+    await create(
+        c,
+        tools=[INVENTORY_TOOL],
+        script=[
+            {
+                "toolCalls": [
+                    {"id": "r1", "name": "recall", "arguments": {"topic": "the old keep"}},
+                    {"id": "r2", "name": "recall", "arguments": {"topic": "the river"}},
+                ]
+            },
+            {"text": "The old king built it."},
+        ],
+    )
     tid, done = await c.turn("guard", "Who built the keep?")
     assert done["method"] == "turn/completed", done
     assert "turn/toolCallRequested" not in methods(c, tid), "the game is never asked"
-    completed = {e["params"]["callId"]: e["params"] for e in c.turn_events(tid) if e["method"] == "turn/toolCallCompleted"}
+    completed = {
+        e["params"]["callId"]: e["params"] for e in c.turn_events(tid) if e["method"] == "turn/toolCallCompleted"
+    }
     assert completed["r1"]["output"] == "Built by the old king."
     # "the river" is scoped to a tag the guard does not carry: not a topic it can recall.
     assert "invalid arguments" in completed["r2"]["error"]
-    assert done["params"]["toolCalls"][0] == {"callId": "r1", "name": "recall", "arguments": {"topic": "the old keep"}, "output": "Built by the old king."}
+    assert done["params"]["toolCalls"][0] == {
+        "callId": "r1",
+        "name": "recall",
+        "arguments": {"topic": "the old keep"},
+        "output": "Built by the old king.",
+    }
     c.assert_well_formed(tid)
     with pytest.raises(RpcError) as e:
         await create(c, "bad", tools=[{"name": "recall", "parameters": {"type": "object"}}])
@@ -158,19 +195,27 @@ async def test_lore_facts_stay_out_of_the_rendered_facts(any_client: Client) -> 
 @req("G-DECIDE-1")
 async def test_a_decision_picks_an_option_reasoning_first_and_stays_out_of_the_history(any_client: Client) -> None:
     c = any_client
-    await create(c, script=[
-        {"json": {"reasoning": "It is late.", "choice": "question"}},
-        {"json": {"reasoning": "Fine.", "choice": "let_in"}},
-        {"json": {"reasoning": "Hmm.", "choice": "flee"}},
-    ])
-    r = await c.call("npc/decide", {"npcId": "guard", "situation": "A stranger walks up after dark.", "options": OPTIONS})
+    await create(
+        c,
+        script=[
+            {"json": {"reasoning": "It is late.", "choice": "question"}},
+            {"json": {"reasoning": "Fine.", "choice": "let_in"}},
+            {"json": {"reasoning": "Hmm.", "choice": "flee"}},
+        ],
+    )
+    r = await c.call(
+        "npc/decide", {"npcId": "guard", "situation": "A stranger walks up after dark.", "options": OPTIONS}
+    )
     done = await c.wait_terminal(r["turnId"])
     assert done["method"] == "turn/completed", done
     assert done["params"]["json"] == {"reasoning": "It is late.", "choice": "question"}
     assert list(done["params"]["json"]) == ["reasoning", "choice"]
     started = c.turn_events(r["turnId"])[0]["params"]
     assert started["kind"] == "decide"
-    assert started["prompt"] == "A stranger walks up after dark.\n\nChoose one option:\n- let_in: open the gate\n- question: ask who they are"
+    assert (
+        started["prompt"]
+        == "A stranger walks up after dark.\n\nChoose one option:\n- let_in: open the gate\n- question: ask who they are"
+    )
     assert "turn/partialJson" in methods(c, r["turnId"])
     assert await transcript_turns(c, "guard") == [], "a decision does not enter the history by default"
     r = await c.call("npc/decide", {"npcId": "guard", "situation": "Again.", "options": OPTIONS, "remember": True})
@@ -179,26 +224,41 @@ async def test_a_decision_picks_an_option_reasoning_first_and_stays_out_of_the_h
     assert len(await transcript_turns(c, "guard")) == 1, "remember: true keeps it"
     r = await c.call("npc/decide", {"npcId": "guard", "situation": "Once more.", "options": OPTIONS})
     done = await c.wait_terminal(r["turnId"])
-    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "generation_failed", "a choice outside the options"
+    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "generation_failed", (
+        "a choice outside the options"
+    )
     c.assert_well_formed(r["turnId"])
 
 
 @req("G-DECIDE-2")
 async def test_decision_options_with_arguments_and_without_reasoning(any_client: Client) -> None:
     c = any_client
-    bell = {"name": "call_help", "description": "ring the bell", "parameters": {"type": "object", "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}}, "required": ["urgency"]}}
-    await create(c, script=[
-        {"json": {"choice": "call_help", "arguments": {"urgency": "high"}}},
-        {"json": {"choice": "call_help", "arguments": {"urgency": "panic"}}},
-        {"json": {"choice": "question"}},
-    ])
+    bell = {
+        "name": "call_help",
+        "description": "ring the bell",
+        "parameters": {
+            "type": "object",
+            "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}},
+            "required": ["urgency"],
+        },
+    }
+    await create(
+        c,
+        script=[
+            {"json": {"choice": "call_help", "arguments": {"urgency": "high"}}},
+            {"json": {"choice": "call_help", "arguments": {"urgency": "panic"}}},
+            {"json": {"choice": "question"}},
+        ],
+    )
     options = [*OPTIONS, bell]
     r = await c.call("npc/decide", {"npcId": "guard", "situation": "Smoke!", "options": options, "reasoning": False})
     done = await c.wait_terminal(r["turnId"])
     assert done["params"]["json"] == {"choice": "call_help", "arguments": {"urgency": "high"}}
     r = await c.call("npc/decide", {"npcId": "guard", "situation": "Smoke!", "options": options, "reasoning": False})
     done = await c.wait_terminal(r["turnId"])
-    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "generation_failed", "arguments outside the option's schema"
+    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "generation_failed", (
+        "arguments outside the option's schema"
+    )
     r = await c.call("npc/decide", {"npcId": "guard", "situation": "Quiet.", "options": options, "reasoning": False})
     assert (await c.wait_terminal(r["turnId"]))["params"]["json"] == {"choice": "question"}
     for bad, why in (
@@ -217,22 +277,35 @@ async def test_decision_options_with_arguments_and_without_reasoning(any_client:
 @req("G-ROUTE-1")
 async def test_tool_or_answer_respond_directly_never_reaches_the_game(any_client: Client) -> None:
     c = any_client
-    await create(c, tools=[INVENTORY_TOOL], script=[
-        {"toolCalls": [{"id": "d1", "name": "respond_directly", "arguments": {}}]},
-        {"text": "Evening, traveller."},
-        {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
-        {"text": "Three barrels."},
-    ])
+    await create(
+        c,
+        tools=[INVENTORY_TOOL],
+        script=[
+            {"toolCalls": [{"id": "d1", "name": "respond_directly", "arguments": {}}]},
+            {"text": "Evening, traveller."},
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "Three barrels."},
+        ],
+    )
     tid, done = await c.turn("guard", "Good evening!", toolChoice="tool_or_answer")
     assert done["method"] == "turn/completed", done
-    assert done["params"]["text"] == "Evening, traveller." and done["params"]["toolCalls"] == [] and done["params"]["steps"] == 2
+    assert (
+        done["params"]["text"] == "Evening, traveller."
+        and done["params"]["toolCalls"] == []
+        and done["params"]["steps"] == 2
+    )
     assert not [m for m in methods(c, tid) if m.startswith("turn/toolCall")]
-    assert (await transcript_turns(c, "guard"))[-1] == [{"role": "user", "content": "Good evening!"}, {"role": "assistant", "content": "Evening, traveller."}]
+    assert (await transcript_turns(c, "guard"))[-1] == [
+        {"role": "user", "content": "Good evening!"},
+        {"role": "assistant", "content": "Evening, traveller."},
+    ]
     r = await c.call("npc/respond", {"npcId": "guard", "prompt": "Any ale?", "toolChoice": "tool_or_answer"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"], callId="c1")
     await c.call("npc/submit", {"npcId": "guard", "callId": "c1", "output": 3})
     done = await c.wait_terminal(r["turnId"])
-    assert done["params"]["text"] == "Three barrels." and [t["name"] for t in done["params"]["toolCalls"]] == ["check_inventory"]
+    assert done["params"]["text"] == "Three barrels." and [t["name"] for t in done["params"]["toolCalls"]] == [
+        "check_inventory"
+    ]
 
 
 # ---- guardrails ----
@@ -244,12 +317,22 @@ FALLBACKS = {"guardrailViolation": ["Let's talk of other things.", "I'd rather n
 async def test_guardrail_policies_fail_fallback_in_turn_and_the_npc_keeps_working(any_client: Client) -> None:
     c = any_client
     blocked = {"error": "guardrail_violation", "message": "blocked"}
-    await create(c, fallbacks=FALLBACKS, script=[blocked, blocked, blocked, {"error": "refusal", "message": "no"}, {"text": "Hello."}, blocked])
+    await create(
+        c,
+        fallbacks=FALLBACKS,
+        script=[blocked, blocked, blocked, {"error": "refusal", "message": "no"}, {"text": "Hello."}, blocked],
+    )
     _, done = await c.turn("guard", "x")
-    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "guardrail_violation", "fail is the default"
+    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "guardrail_violation", (
+        "fail is the default"
+    )
     tid, done = await c.turn("guard", "y", guardrail="fallback")
     p = done["params"]
-    assert done["method"] == "turn/completed" and p["text"] == "Let's talk of other things." and p["finishReason"] == "fallback"
+    assert (
+        done["method"] == "turn/completed"
+        and p["text"] == "Let's talk of other things."
+        and p["finishReason"] == "fallback"
+    )
     assert p["warnings"] == ["guardrail_violation: blocked"]
     deltas = [e["params"] for e in c.turn_events(tid) if e["method"] == "turn/textDelta"]
     assert [d["delta"] for d in deltas] == ["Let's talk of other things."]
@@ -263,7 +346,9 @@ async def test_guardrail_policies_fail_fallback_in_turn_and_the_npc_keeps_workin
     assert done["params"]["text"] == "Hello." and done["params"]["finishReason"] == "stop"
     await create(c, "plain", script=[blocked])
     _, done = await c.turn("plain", "q", guardrail="fallback")
-    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "guardrail_violation", "no fallback line: it fails"
+    assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "guardrail_violation", (
+        "no fallback line: it fails"
+    )
 
 
 @req("G-GUARD-2")
@@ -275,7 +360,9 @@ async def test_guardrail_retry_runs_a_schema_turn_once_more_as_text(any_client: 
     tid, done = await c.turn("guard", "Challenge me.", schema=schema, guardrail="retry")
     p = done["params"]
     assert done["method"] == "turn/completed", done
-    assert p["text"] == "Have at you!" and p["json"] is None and p["finishReason"] == "retried_as_text" and p["steps"] == 2
+    assert (
+        p["text"] == "Have at you!" and p["json"] is None and p["finishReason"] == "retried_as_text" and p["steps"] == 2
+    )
     assert p["warnings"] == ["guardrail_violation: blocked"]
     assert (await transcript_turns(c, "guard"))[-1][-1] == {"role": "assistant", "content": "Have at you!"}
     _, done = await c.turn("guard", "Again.", schema=schema, guardrail="retry")
@@ -336,15 +423,27 @@ async def test_the_model_reads_who_speaks(any_client: Client) -> None:
 async def test_a_fallback_after_shown_text_replaces_it_and_keeps_the_tool_records(any_client: Client) -> None:
     c = any_client
     blocked = {"error": "refusal", "message": "no"}
-    await create(c, tools=[INVENTORY_TOOL], fallbacks=FALLBACKS, script=[
-        {"text": "Let me look.", "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
-        blocked,
-    ])
+    await create(
+        c,
+        tools=[INVENTORY_TOOL],
+        fallbacks=FALLBACKS,
+        script=[
+            {
+                "text": "Let me look.",
+                "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}],
+            },
+            blocked,
+        ],
+    )
     r = await c.call("npc/respond", {"npcId": "guard", "prompt": "Any ale?", "guardrail": "fallback"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
     await c.call("npc/submit", {"npcId": "guard", "callId": "c1", "output": 3})
     done = await c.wait_terminal(r["turnId"])
-    assert done["params"]["text"] == "No." and done["params"]["finishReason"] == "fallback" and done["params"]["steps"] == 2
+    assert (
+        done["params"]["text"] == "No."
+        and done["params"]["finishReason"] == "fallback"
+        and done["params"]["steps"] == 2
+    )
     assert [t["callId"] for t in done["params"]["toolCalls"]] == ["c1"], "the game ran the call: it stays on record"
     deltas = [e["params"] for e in c.turn_events(r["turnId"]) if e["method"] == "turn/textDelta"]
     assert deltas[-1] == {**deltas[-1], "delta": "No.", "text": "No.", "isReset": True}, "replaces what was shown"

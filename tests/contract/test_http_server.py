@@ -6,9 +6,7 @@ turn); and one round trip on the bundled model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import shutil
 import signal
@@ -28,33 +26,51 @@ import trio
 
 from bridge import EngineRegistry, ScriptedEngine, Service
 from bridge.core import _messages as m
-from bridge.hosts.http.app import create_app, plan_chat
 from bridge.engines.base import Message, ToolCall, ToolSpec
+from bridge.hosts.http._plan import plan_chat
+from bridge.hosts.http.app import create_app
+from tests.support.harness import ROOT
 
-from tests.conftest import ROOT
-
-HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 DEADLINE = 30
 SERVE = [sys.executable, "-c", "import sys; from bridge.hosts.http.app import main; sys.exit(main(sys.argv[1:]))"]
 
-DOOR = {"type": "function", "function": {"name": "open_door", "description": "Open a door", "parameters": {"type": "object", "properties": {"door": {"type": "string"}}, "required": ["door"]}}}
-DICE = {"type": "function", "function": {"name": "roll_dice", "parameters": {"type": "object", "properties": {"sides": {"type": "integer"}}, "required": ["sides"]}}}
+DOOR = {
+    "type": "function",
+    "function": {
+        "name": "open_door",
+        "description": "Open a door",
+        "parameters": {"type": "object", "properties": {"door": {"type": "string"}}, "required": ["door"]},
+    },
+}
+DICE = {
+    "type": "function",
+    "function": {
+        "name": "roll_dice",
+        "parameters": {"type": "object", "properties": {"sides": {"type": "integer"}}, "required": ["sides"]},
+    },
+}
 
 
 # ---- the mapping, no I/O ----
 
 
 def test_a_conversation_is_split_into_instructions_history_and_the_prompt() -> None:
-    plan = plan_chat({
-        "model": "scripted",
-        "messages": [
-            {"role": "system", "content": "You keep the inn."},
-            {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Welcome!"},
-            {"role": "developer", "content": "Be brief."},
-            {"role": "user", "content": [{"type": "text", "text": "Any "}, {"type": "text", "text": "ale?"}], "name": "Bram"},
-        ],
-    })
+    plan = plan_chat(
+        {
+            "model": "scripted",
+            "messages": [
+                {"role": "system", "content": "You keep the inn."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Welcome!"},
+                {"role": "developer", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Any "}, {"type": "text", "text": "ale?"}],
+                    "name": "Bram",
+                },
+            ],
+        }
+    )
     assert plan.instructions == "You keep the inn.\n\nBe brief."
     assert plan.history == [[Message(role="user", content="Hi"), Message(role="assistant", content="Welcome!")]]
     assert (plan.prompt, plan.speaker, plan.resume) == ("Any ale?", "Bram", None)
@@ -62,21 +78,25 @@ def test_a_conversation_is_split_into_instructions_history_and_the_prompt() -> N
 
 def test_a_conversation_ending_in_tool_results_resumes_the_open_turn() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "open_door", "arguments": '{"door": "north"}'}}
-    plan = plan_chat({
-        "model": "scripted",
-        "messages": [
-            {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello."},
-            {"role": "user", "content": "Open the north door"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1", "content": "opened"},
-        ],
-        "tools": [DOOR],
-    })
+    plan = plan_chat(
+        {
+            "model": "scripted",
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Open the north door"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "opened"},
+            ],
+            "tools": [DOOR],
+        }
+    )
     assert len(plan.history) == 1 and plan.prompt == "Open the north door"
     assert plan.resume == [
         Message(role="user", content="Open the north door"),
-        Message(role="assistant", content="", tool_calls=[ToolCall(id="c1", name="open_door", arguments={"door": "north"})]),
+        Message(
+            role="assistant", content="", tool_calls=[ToolCall(id="c1", name="open_door", arguments={"door": "north"})]
+        ),
         Message(role="tool", content="opened", tool_call_id="c1", name="open_door"),
     ]
 
@@ -92,17 +112,36 @@ def test_a_conversation_ending_in_tool_results_resumes_the_open_turn() -> None:
         ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
         ({"response_format": {"type": "xml"}}, "response_format", "invalid_value"),
         ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", "unsupported_tool"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0]", "unsupported_content"),
-        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}, "messages", "invalid_value"),
-        ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c9", "content": "x"}]}, "messages[1]", "unmatched_tool_message"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0]",
+            "unsupported_content",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            "messages",
+            "invalid_value",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c9", "content": "x"}]},
+            "messages[1]",
+            "unmatched_tool_message",
+        ),
     ],
 )
-def test_what_the_server_cannot_do_is_refused_naming_the_parameter(body: dict[str, Any], param: str, reason: str) -> None:
+def test_what_the_server_cannot_do_is_refused_naming_the_parameter(
+    body: dict[str, Any], param: str, reason: str
+) -> None:
     from bridge.errors import BridgeError
 
     with pytest.raises(BridgeError) as e:
         plan_chat({"model": "scripted", "messages": [{"role": "user", "content": "hi"}], **body})
-    assert (e.value.code, e.value.http_status, e.value.data["param"], e.value.data["reason"]) == ("invalid_request", 400, param, reason)
+    assert (e.value.code, e.value.http_status, e.value.data["param"], e.value.data["reason"]) == (
+        "invalid_request",
+        400,
+        param,
+        reason,
+    )
 
 
 def test_a_tool_call_without_its_result_is_refused() -> None:
@@ -110,18 +149,42 @@ def test_a_tool_call_without_its_result_is_refused() -> None:
 
     call = {"id": "c1", "type": "function", "function": {"name": "open_door", "arguments": "{}"}}
     with pytest.raises(BridgeError) as e:
-        plan_chat({"model": "scripted", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}, {"role": "user", "content": "well?"}]})
+        plan_chat(
+            {
+                "model": "scripted",
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "tool_calls": [call]},
+                    {"role": "user", "content": "well?"},
+                ],
+            }
+        )
     assert e.value.data["reason"] == "unanswered_tool_call"
 
 
 def test_neutral_values_of_unsupported_parameters_and_nulls_are_taken() -> None:
-    plan = plan_chat({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "n": 1, "stop": None, "presence_penalty": 0, "logprobs": False, "max_completion_tokens": 7, "temperature": 0.2, "seed": 3})
+    plan = plan_chat(
+        {
+            "model": "llama",
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": 1,
+            "stop": None,
+            "presence_penalty": 0,
+            "logprobs": False,
+            "max_completion_tokens": 7,
+            "temperature": 0.2,
+            "seed": 3,
+        }
+    )
     assert (plan.options.max_tokens, plan.options.temperature, plan.options.seed) == (7, 0.2, 3)
 
 
 # ---- the service: a turn that resumes from tool results and hands its calls back ----
 
-INVENTORY = ToolSpec(name="check_inventory", parameters={"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]})
+INVENTORY = ToolSpec(
+    name="check_inventory",
+    parameters={"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
+)
 
 
 async def _turn_events(svc: Service, turn_id: str) -> list[m.Event]:
@@ -132,7 +195,12 @@ async def _turn_events(svc: Service, turn_id: str) -> list[m.Event]:
 async def test_a_return_calls_turn_completes_with_its_calls_and_requests_nothing() -> None:
     engine = ScriptedEngine()
     async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
-        script = [{"text": "Let me look.", "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}]
+        script = [
+            {
+                "text": "Let me look.",
+                "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}],
+            }
+        ]
         await svc.create(m.NpcConfig(npc_id="keeper", tools=[INVENTORY], script=script))
         turn = svc.respond(m.RespondParams(npc_id="keeper", prompt="Any ale?"), return_calls=True)
         events = await _turn_events(svc, turn.turn_id)
@@ -165,10 +233,18 @@ async def test_a_resumed_turn_continues_from_the_tool_output_without_a_new_user_
         await svc.create(m.NpcConfig(npc_id="keeper", tools=[INVENTORY], script=[{"text": "Three barrels."}]))
         opened = [
             Message(role="user", content="Any ale?"),
-            Message(role="assistant", content="", tool_calls=[ToolCall(id="c1", name="check_inventory", arguments={"item": "ale"})]),
+            Message(
+                role="assistant",
+                content="",
+                tool_calls=[ToolCall(id="c1", name="check_inventory", arguments={"item": "ale"})],
+            ),
             Message(role="tool", content='{"count": 3}', tool_call_id="c1", name="check_inventory"),
         ]
-        turn = svc.respond(m.RespondParams(npc_id="keeper", prompt="Any ale?", tool_choice="required"), resume=opened, return_calls=True)
+        turn = svc.respond(
+            m.RespondParams(npc_id="keeper", prompt="Any ale?", tool_choice="required"),
+            resume=opened,
+            return_calls=True,
+        )
         done = (await _turn_events(svc, turn.turn_id))[-1]
         # tool_choice applies to the turn's first step, which is this one: required and answered
         # in words fails, as it would on any first step
@@ -177,7 +253,9 @@ async def test_a_resumed_turn_continues_from_the_tool_output_without_a_new_user_
         turn = svc.respond(m.RespondParams(npc_id="keeper", prompt="Any ale?"), resume=opened, return_calls=True)
         done = (await _turn_events(svc, turn.turn_id))[-1]
         assert isinstance(done, m.TurnCompleted) and done.text == "You said: Any ale?"
-        assert svc.transcript(m.NpcRef(npc_id="keeper")).turns == [[*opened, Message(role="assistant", content="You said: Any ale?")]]
+        assert svc.transcript(m.NpcRef(npc_id="keeper")).turns == [
+            [*opened, Message(role="assistant", content="You said: Any ale?")]
+        ]
 
 
 async def test_events_dropped_by_a_reader_that_left_are_not_kept() -> None:
@@ -209,7 +287,13 @@ class Served:
 
 def start_server(*args: str, command: list[str] = SERVE) -> Served:
     """``oam serve`` on a free loopback port; the address is read from its stderr."""
-    proc = subprocess.Popen([*command, *args, "--port", "0"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*command, *args, "--port", "0"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     deadline = time.monotonic() + DEADLINE
     seen = b""
@@ -243,16 +327,25 @@ def scripted() -> Iterator[Served]:
 
 def test_a_plain_answer_through_the_openai_client(scripted: Served) -> None:
     r = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+        model="scripted",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
         extra_body={"script": [{"text": "Well met, traveller."}]},
     )
     assert r.choices[0].message.content == "Well met, traveller." and r.choices[0].finish_reason == "stop"
-    assert r.object == "chat.completion" and r.model == "scripted" and r.usage is not None and r.usage.completion_tokens == 3
+    assert (
+        r.object == "chat.completion"
+        and r.model == "scripted"
+        and r.usage is not None
+        and r.usage.completion_tokens == 3
+    )
 
 
 def test_a_streamed_answer_arrives_in_pieces_and_ends_with_usage(scripted: Served) -> None:
     stream = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Hello"}], stream=True, stream_options={"include_usage": True},
+        model="scripted",
+        messages=[{"role": "user", "content": "Hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
         extra_body={"script": [{"text": "Halt! Who goes there?"}]},
     )
     chunks = list(stream)
@@ -262,34 +355,58 @@ def test_a_streamed_answer_arrives_in_pieces_and_ends_with_usage(scripted: Serve
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
 
 
-def test_a_tool_round_trip_the_client_runs_the_call_and_the_next_request_continues_from_its_result(scripted: Served) -> None:
+def test_a_tool_round_trip_the_client_runs_the_call_and_the_next_request_continues_from_its_result(
+    scripted: Served,
+) -> None:
     client = scripted.client()
-    messages: list[Any] = [{"role": "system", "content": "You guard the gate."}, {"role": "user", "content": "Open the north door, please."}]
+    messages: list[Any] = [
+        {"role": "system", "content": "You guard the gate."},
+        {"role": "user", "content": "Open the north door, please."},
+    ]
     first = client.chat.completions.create(
-        model="scripted", messages=messages, tools=[DOOR, DICE],
-        extra_body={"script": [{"text": "Let me see.", "toolCalls": [{"id": "call_1", "name": "open_door", "arguments": {"door": "north"}}]}]},
+        model="scripted",
+        messages=messages,
+        tools=[DOOR, DICE],
+        extra_body={
+            "script": [
+                {
+                    "text": "Let me see.",
+                    "toolCalls": [{"id": "call_1", "name": "open_door", "arguments": {"door": "north"}}],
+                }
+            ]
+        },
     )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me see."
     calls = choice.message.tool_calls
-    assert calls is not None and [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [("call_1", "open_door", {"door": "north"})]
+    assert calls is not None and [(c.id, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("call_1", "open_door", {"door": "north"})
+    ]
     messages.append(choice.message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": "call_1", "content": '{"opened": true}'})
     # the second request's script echoes what the model was given last: the tool output
     second = client.chat.completions.create(
-        model="scripted", messages=messages, tools=[DOOR, DICE], extra_body={"script": [{"text": "The door is open."}]},
+        model="scripted",
+        messages=messages,
+        tools=[DOOR, DICE],
+        extra_body={"script": [{"text": "The door is open."}]},
     )
     assert second.choices[0].message.content == "The door is open." and second.choices[0].finish_reason == "stop"
 
 
 def test_a_streamed_tool_call_arrives_as_one_delta_before_finish_reason_tool_calls(scripted: Served) -> None:
     stream = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Roll!"}], tools=[DICE], stream=True,
+        model="scripted",
+        messages=[{"role": "user", "content": "Roll!"}],
+        tools=[DICE],
+        stream=True,
         extra_body={"script": [{"toolCalls": [{"id": "r1", "name": "roll_dice", "arguments": {"sides": 20}}]}]},
     )
     chunks = [c for c in stream if c.choices]
     deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [(d.index, d.id, d.function and d.function.name, d.function and d.function.arguments) for d in deltas] == [(0, "r1", "roll_dice", '{"sides": 20}')]
+    assert [(d.index, d.id, d.function and d.function.name, d.function and d.function.arguments) for d in deltas] == [
+        (0, "r1", "roll_dice", '{"sides": 20}')
+    ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -298,13 +415,27 @@ def test_a_forced_tool_is_enforced_by_the_steering(scripted: Served) -> None:
     forced: Any = {"type": "function", "function": {"name": "roll_dice"}}
     # the model answered in words where a call was required: the turn fails, as on every engine
     with pytest.raises(openai.InternalServerError) as e:
-        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DOOR, DICE], tool_choice=forced, extra_body={"script": [{"text": "Hello!"}]})
+        client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[DOOR, DICE],
+            tool_choice=forced,
+            extra_body={"script": [{"text": "Hello!"}]},
+        )
     assert e.value.status_code == 500 and e.value.code == "generation_failed"
     # the forced step shows only the named tool: a call to another is refused inside the turn,
     # the model sees the error and answers on the next step; the client never sees that call
     r = client.chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DOOR, DICE], tool_choice=forced,
-        extra_body={"script": [{"toolCalls": [{"id": "x", "name": "open_door", "arguments": {"door": "east"}}]}, {"toolCalls": [{"id": "y", "name": "roll_dice", "arguments": {"sides": 6}}]}]},
+        model="scripted",
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=[DOOR, DICE],
+        tool_choice=forced,
+        extra_body={
+            "script": [
+                {"toolCalls": [{"id": "x", "name": "open_door", "arguments": {"door": "east"}}]},
+                {"toolCalls": [{"id": "y", "name": "roll_dice", "arguments": {"sides": 6}}]},
+            ]
+        },
     )
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and calls is not None and [c.id for c in calls] == ["y"]
@@ -312,28 +443,60 @@ def test_a_forced_tool_is_enforced_by_the_steering(scripted: Served) -> None:
 
 def test_tool_choice_none_hides_the_tools(scripted: Served) -> None:
     r = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DICE], tool_choice="none",
-        extra_body={"script": [{"text": "Just words.", "toolCalls": [{"id": "z", "name": "roll_dice", "arguments": {"sides": 6}}]}]},
+        model="scripted",
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=[DICE],
+        tool_choice="none",
+        extra_body={
+            "script": [
+                {"text": "Just words.", "toolCalls": [{"id": "z", "name": "roll_dice", "arguments": {"sides": 6}}]}
+            ]
+        },
     )
-    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None and r.choices[0].message.content == "Just words."
+    assert (
+        r.choices[0].finish_reason == "stop"
+        and r.choices[0].message.tool_calls is None
+        and r.choices[0].message.content == "Just words."
+    )
 
 
 def test_a_json_schema_answer_is_checked_against_the_schema(scripted: Served) -> None:
-    schema = {"type": "object", "properties": {"open": {"type": "boolean"}}, "required": ["open"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"open": {"type": "boolean"}},
+        "required": ["open"],
+        "additionalProperties": False,
+    }
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "gate", "schema": schema, "strict": True}}
     client = scripted.client()
-    r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Open?"}], response_format=fmt, extra_body={"script": [{"json": {"open": True}}]})
+    r = client.chat.completions.create(
+        model="scripted",
+        messages=[{"role": "user", "content": "Open?"}],
+        response_format=fmt,
+        extra_body={"script": [{"json": {"open": True}}]},
+    )
     assert json.loads(r.choices[0].message.content or "") == {"open": True}
     with pytest.raises(openai.InternalServerError) as e:
-        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Open?"}], response_format=fmt, extra_body={"script": [{"json": {"open": "maybe"}}]})
+        client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "Open?"}],
+            response_format=fmt,
+            extra_body={"script": [{"json": {"open": "maybe"}}]},
+        )
     assert e.value.code == "generation_failed" and "does not match the schema" in str(e.value.message)
 
 
 def test_errors_carry_their_stable_code_and_status(scripted: Served) -> None:
     client = scripted.client()
     with pytest.raises(openai.RateLimitError) as e:
-        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], extra_body={"script": [{"error": "rate_limited"}]})
-    assert e.value.status_code == 429 and e.value.code == "rate_limited" and e.value.response.headers["retry-after"] == "1"
+        client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"script": [{"error": "rate_limited"}]},
+        )
+    assert (
+        e.value.status_code == 429 and e.value.code == "rate_limited" and e.value.response.headers["retry-after"] == "1"
+    )
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], n=2)
     assert bad.value.code == "invalid_request" and bad.value.param == "n"
@@ -341,14 +504,29 @@ def test_errors_carry_their_stable_code_and_status(scripted: Served) -> None:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
     assert unknown.value.code == "invalid_params" and unknown.value.param == "model"
     with pytest.raises(openai.BadRequestError) as bad_schema:
-        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Hi"}], response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+        client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+        )
     assert bad_schema.value.code == "invalid_schema"
 
 
 def test_an_error_after_the_first_words_ends_the_stream_with_the_error(scripted: Served) -> None:
     stream = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Hi"}], tools=[DICE], stream=True,
-        extra_body={"script": [{"text": "Let me roll.", "toolCalls": [{"id": "a", "name": "roll_dice", "arguments": {"sides": "six"}}]}, {"error": "refusal"}]},
+        model="scripted",
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=[DICE],
+        stream=True,
+        extra_body={
+            "script": [
+                {
+                    "text": "Let me roll.",
+                    "toolCalls": [{"id": "a", "name": "roll_dice", "arguments": {"sides": "six"}}],
+                },
+                {"error": "refusal"},
+            ]
+        },
     )
     got = []
     with pytest.raises(openai.APIError) as e:
@@ -360,7 +538,10 @@ def test_an_error_after_the_first_words_ends_the_stream_with_the_error(scripted:
 
 def test_max_tokens_cut_off_is_finish_reason_length(scripted: Served) -> None:
     r = scripted.client().chat.completions.create(
-        model="scripted", messages=[{"role": "user", "content": "Talk"}], max_tokens=3, extra_body={"script": [{"text": "One two three", "finishReason": "length"}]},
+        model="scripted",
+        messages=[{"role": "user", "content": "Talk"}],
+        max_tokens=3,
+        extra_body={"script": [{"text": "One two three", "finishReason": "length"}]},
     )
     assert r.choices[0].finish_reason == "length"
 
@@ -376,7 +557,11 @@ def test_many_requests_at_once_run_concurrently(scripted: Served) -> None:
     client = scripted.client()
 
     def one(i: int) -> str:
-        r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": f"#{i}"}], extra_body={"script": [{"text": f"answer {i}", "delayMs": 1000}]})
+        r = client.chat.completions.create(
+            model="scripted",
+            messages=[{"role": "user", "content": f"#{i}"}],
+            extra_body={"script": [{"text": f"answer {i}", "delayMs": 1000}]},
+        )
         return r.choices[0].message.content or ""
 
     from concurrent.futures import ThreadPoolExecutor
@@ -408,13 +593,31 @@ def curl(url: str, body: dict[str, Any] | None = None, *extra: str) -> tuple[int
 @pytest.mark.skipif(CURL is None, reason="no curl")
 def test_curl_gets_an_answer_a_stream_and_an_error_status(scripted: Served) -> None:
     url = scripted.url + "/v1/chat/completions"
-    status, out = curl(url, {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"text": "Hello, curl."}]})
+    status, out = curl(
+        url,
+        {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"text": "Hello, curl."}]},
+    )
     assert status == 200 and json.loads(out)["choices"][0]["message"]["content"] == "Hello, curl."
-    status, out = curl(url, {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "Hi"}], "script": [{"text": "a b"}]})
+    status, out = curl(
+        url,
+        {
+            "model": "scripted",
+            "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "script": [{"text": "a b"}],
+        },
+    )
     lines = [x for x in out.split("\n") if x]
     assert status == 200 and all(x.startswith("data: ") for x in lines) and lines[-1] == "data: [DONE]"
     assert "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in lines[:-1]) == "a b"
-    status, out = curl(url, {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"error": "context_size_exceeded"}]})
+    status, out = curl(
+        url,
+        {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "script": [{"error": "context_size_exceeded"}],
+        },
+    )
     assert status == 400 and json.loads(out)["error"]["code"] == "context_size_exceeded"
     status, out = curl(url, None, "-H", "Content-Type: application/json", "-d", "{not json")
     assert status == 400 and json.loads(out)["error"]["code"] == "invalid_request"
@@ -451,7 +654,12 @@ async def _until_no_npc(svc: Service) -> None:
 
 async def test_a_client_that_leaves_a_stream_cancels_its_turn() -> None:
     async with served_in_process() as (svc, url), httpx.AsyncClient(timeout=DEADLINE) as client:
-        body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": "Sing"}], "script": [{"text": "la " * 2000, "chunkMs": 5}]}
+        body = {
+            "model": "scripted",
+            "stream": True,
+            "messages": [{"role": "user", "content": "Sing"}],
+            "script": [{"text": "la " * 2000, "chunkMs": 5}],
+        }
         with trio.fail_after(DEADLINE):
             async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 assert r.status_code == 200
@@ -469,7 +677,11 @@ async def test_a_client_that_leaves_a_stream_cancels_its_turn() -> None:
 
 async def test_a_client_that_leaves_before_the_answer_cancels_its_turn() -> None:
     async with served_in_process() as (svc, url), httpx.AsyncClient() as client:
-        body = {"model": "scripted", "messages": [{"role": "user", "content": "Think"}], "script": [{"text": "Done.", "delayMs": 20_000}]}
+        body = {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "Think"}],
+            "script": [{"text": "Done.", "delayMs": 20_000}],
+        }
         with trio.fail_after(DEADLINE):
             with pytest.raises(httpx.ReadTimeout):
                 await client.post(url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(DEADLINE, read=0.5))
@@ -481,11 +693,31 @@ async def test_a_client_that_leaves_before_the_answer_cancels_its_turn() -> None
 async def test_every_request_leaves_no_npc_behind() -> None:
     async with served_in_process() as (svc, url), httpx.AsyncClient(timeout=DEADLINE) as client:
         with trio.fail_after(DEADLINE):
-            ok = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]})
-            failed = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "script": [{"error": "busy"}]})
-            calls = await client.post(url + "/v1/chat/completions", json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "tools": [DICE], "script": [{"toolCalls": [{"name": "roll_dice", "arguments": {"sides": 4}}]}]})
+            ok = await client.post(
+                url + "/v1/chat/completions",
+                json={"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]},
+            )
+            failed = await client.post(
+                url + "/v1/chat/completions",
+                json={
+                    "model": "scripted",
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "script": [{"error": "busy"}],
+                },
+            )
+            calls = await client.post(
+                url + "/v1/chat/completions",
+                json={
+                    "model": "scripted",
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "tools": [DICE],
+                    "script": [{"toolCalls": [{"name": "roll_dice", "arguments": {"sides": 4}}]}],
+                },
+            )
             assert (ok.status_code, failed.status_code, calls.status_code) == (200, 503, 200)
-            assert failed.json()["error"]["code"] == "busy" and calls.json()["choices"][0]["finish_reason"] == "tool_calls"
+            assert (
+                failed.json()["error"]["code"] == "busy" and calls.json()["choices"][0]["finish_reason"] == "tool_calls"
+            )
             await _until_no_npc(svc)
 
 
@@ -494,31 +726,50 @@ async def test_every_request_leaves_no_npc_behind() -> None:
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator[Served]:
-    if not HAS_LLAMA_CPP:
-        pytest.skip("llama-cpp-python is not installed")
+    """``oam serve`` on the bundled model (its tests carry the ``model`` marker)."""
     s = start_server("--engine", "llama")
     yield s
     assert stop_server(s) == 0
 
 
+@pytest.mark.model
 def test_a_tool_round_trip_on_the_bundled_model(llama: Served) -> None:
     client = llama.client()
-    messages: list[Any] = [{"role": "system", "content": "You are Bram, the gate guard."}, {"role": "user", "content": "Roll a twenty-sided die for me."}]
+    messages: list[Any] = [
+        {"role": "system", "content": "You are Bram, the gate guard."},
+        {"role": "user", "content": "Roll a twenty-sided die for me."},
+    ]
     forced: Any = {"type": "function", "function": {"name": "roll_dice"}}
-    first = client.chat.completions.create(model="llama", messages=messages, tools=[DOOR, DICE], tool_choice=forced, max_tokens=60, temperature=0, seed=7)
+    first = client.chat.completions.create(
+        model="llama", messages=messages, tools=[DOOR, DICE], tool_choice=forced, max_tokens=60, temperature=0, seed=7
+    )
     calls = first.choices[0].message.tool_calls
-    assert first.choices[0].finish_reason == "tool_calls" and calls is not None and calls[0].function.name == "roll_dice"
-    assert isinstance(json.loads(calls[0].function.arguments)["sides"], int), "the grammar keeps the arguments to the schema"
+    assert (
+        first.choices[0].finish_reason == "tool_calls" and calls is not None and calls[0].function.name == "roll_dice"
+    )
+    assert isinstance(json.loads(calls[0].function.arguments)["sides"], int), (
+        "the grammar keeps the arguments to the schema"
+    )
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
-    messages += [{"role": "tool", "tool_call_id": c.id, "content": '{"rolled": 17}'} for c in calls]  # every call is answered
-    stream = client.chat.completions.create(model="llama", messages=messages, tools=[DOOR, DICE], max_tokens=40, temperature=0, seed=7, stream=True)
+    messages += [
+        {"role": "tool", "tool_call_id": c.id, "content": '{"rolled": 17}'} for c in calls
+    ]  # every call is answered
+    stream = client.chat.completions.create(
+        model="llama", messages=messages, tools=[DOOR, DICE], max_tokens=40, temperature=0, seed=7, stream=True
+    )
     chunks = [c for c in stream if c.choices]
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text.strip() and chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.model
 def test_max_tokens_on_the_bundled_model_ends_with_finish_reason_length(llama: Served) -> None:
-    r = llama.client().chat.completions.create(model="llama", messages=[{"role": "user", "content": "Tell me a long story about dragons."}], max_tokens=3, temperature=0)
+    r = llama.client().chat.completions.create(
+        model="llama",
+        messages=[{"role": "user", "content": "Tell me a long story about dragons."}],
+        max_tokens=3,
+        temperature=0,
+    )
     assert r.choices[0].finish_reason == "length" and r.usage is not None and r.usage.completion_tokens <= 3
 
 
@@ -543,15 +794,20 @@ def test_the_readme_lines_work_as_printed() -> None:
         curl_line = ask.replace("\\\n", " ").replace("127.0.0.1:8090", f"127.0.0.1:{port}")
         r = subprocess.run(["bash", "-c", curl_line], capture_output=True, text=True, timeout=DEADLINE)
         assert r.returncode == 0 and json.loads(r.stdout)["choices"][0]["message"]["content"] == "You said: Hello!"
-        r = subprocess.run([sys.executable, "-c", snippet.replace("127.0.0.1:8090", f"127.0.0.1:{port}")], capture_output=True, text=True, timeout=DEADLINE)
+        r = subprocess.run(
+            [sys.executable, "-c", snippet.replace("127.0.0.1:8090", f"127.0.0.1:{port}")],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
         assert r.returncode == 0 and r.stdout == "You said: Hello!\n", r.stderr
     finally:
         assert stop_server(s) == 0
 
 
 def test_docs_http_lists_every_error_code_with_its_status_and_every_field() -> None:
-    from bridge.hosts.http.app import NEUTRAL, SUPPORTED
     from bridge.errors import ERROR_CODES, HTTP_STATUS
+    from bridge.hosts.http._plan import NEUTRAL, SUPPORTED
 
     doc = Path(ROOT, "docs", "http.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| (\d+) \| (?:yes|no) \|$", doc, re.M))
@@ -560,4 +816,7 @@ def test_docs_http_lists_every_error_code_with_its_status_and_every_field() -> N
         assert f"| `{code}` | {HTTP_STATUS[code]} | {'yes' if retryable else 'no'} |" in doc
     for name in SUPPORTED | set(NEUTRAL):
         assert f"`{name}`" in doc, f"docs/http.md does not say what happens to {name}"
-    assert "(docs/http.md)" in Path(ROOT, "README.md").read_text() and "(docs/http.md)" in Path(ROOT, "protocol.md").read_text()
+    assert (
+        "(docs/http.md)" in Path(ROOT, "README.md").read_text()
+        and "(docs/http.md)" in Path(ROOT, "protocol.md").read_text()
+    )

@@ -1,31 +1,31 @@
-"""LlamaEngine on the bundled model, in-process. Under CI=true a missing model or
-llama-cpp-python fails these tests (test_the_model_is_available names why) instead of
-skipping them. Grammar tests that need no model are in test_llama_grammar.py; timings are
-in bench/bench_llama.py."""
+"""LlamaEngine on the bundled model, in-process. Where the model or llama-cpp-python is
+missing these tests skip, and under CI=true fail (the ``model`` marker, tests/model/conftest.py).
+Grammar tests that need no model are in tests/unit/test_llama_grammar.py; timings are in
+bench/bench_llama.py."""
 
-import os
 import threading
 
 import jsonschema
 import pytest
 import trio
 
-from bridge.engines.base import (GenerationOptions, Message, StepDone, StepRequest, TextChunk,
-                                 ToolCallsChunk, ToolSpec)
+from bridge.engines.base import GenerationOptions, Message, StepDone, StepRequest, TextChunk, ToolCallsChunk, ToolSpec
 from bridge.engines.llama import LlamaEngine, availability
 from bridge.engines.llama._worker import Generator
-
-pytestmark = pytest.mark.skipif(not availability()[0] and os.environ.get("CI") != "true",
-                                reason=f"llama engine unavailable: {availability()[1]}")
 
 
 def test_the_model_is_available():
     assert availability() == (True, None)
 
-GIVE = ToolSpec("give", "Give an item", {"type": "object", "properties": {
-    "item": {"type": "string", "enum": ["sword", "apple"]}}, "required": ["item"]})
-WAVE = ToolSpec("wave", "Wave", {"type": "object", "properties": {
-    "polite": {"type": "boolean"}}, "required": ["polite"]})
+
+GIVE = ToolSpec(
+    "give",
+    "Give an item",
+    {"type": "object", "properties": {"item": {"type": "string", "enum": ["sword", "apple"]}}, "required": ["item"]},
+)
+WAVE = ToolSpec(
+    "wave", "Wave", {"type": "object", "properties": {"polite": {"type": "boolean"}}, "required": ["polite"]}
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,16 @@ def engine():
 
 
 def req(npc="a", msgs=None, tools=(), mode="disallowed", schema=None, max_tokens=24):
-    return StepRequest(npc, "You are a guard.", msgs or [Message("user", "Hello there!")],
-                       list(tools), mode, schema, GenerationOptions(max_tokens=max_tokens, temperature=0), 0)
+    return StepRequest(
+        npc,
+        "You are a guard.",
+        msgs or [Message("user", "Hello there!")],
+        list(tools),
+        mode,
+        schema,
+        GenerationOptions(max_tokens=max_tokens, temperature=0),
+        0,
+    )
 
 
 async def collect(engine, r):
@@ -63,8 +71,12 @@ async def test_disallowed_no_tools(engine):
 @pytest.mark.trio
 async def test_schema(engine):
     import json
-    schema = {"type": "object", "properties": {"mood": {"type": "string", "enum": ["happy", "sad"]}},
-              "required": ["mood"]}
+
+    schema = {
+        "type": "object",
+        "properties": {"mood": {"type": "string", "enum": ["happy", "sad"]}},
+        "required": ["mood"],
+    }
     out = await collect(engine, req(schema=schema, max_tokens=30))
     text = "".join(c.delta for c in out if isinstance(c, TextChunk))
     jsonschema.validate(json.loads(text), schema)
@@ -86,6 +98,7 @@ async def test_leaving_a_step_stops_its_thread_within_a_token(engine, monkeypatc
             if stop.is_set():
                 after_stop.append(item)
             emit(item)
+
         return generate(self, npc_id, tokens, grammar, opts, spoken, speaker, stop, counting_emit, *rest)
 
     monkeypatch.setattr(Generator, "generate", spy)
@@ -130,7 +143,6 @@ async def test_returning_npc_cache(engine):
     assert out[-1].usage.cached_tokens > 20
 
 
-
 def test_a_line_another_npc_said_is_counted_with_its_speakers_name(engine):
     plain = engine.count_tokens("x", [Message("user", "Who goes there?")], [])
     named = engine.count_tokens("x", [Message("user", "Who goes there?", name="Brom Ironfoot")], [])
@@ -139,16 +151,31 @@ def test_a_line_another_npc_said_is_counted_with_its_speakers_name(engine):
 
 # -- npc/prewarm ----------------------------------------------------------------------------
 
-KEEPER = ("You are Greta, the gruff but kind keeper of the Prancing Pony, a tavern on the market square. "
-          "You speak in short sentences and never leave the counter. " * 4
-          + "\nWorld facts: the north bridge washed away last week; ale costs 2 coins; the stew is mutton.")
-STOCK = ToolSpec("check_inventory", "How many of an item the tavern has", {"type": "object", "properties": {
-    "item": {"type": "string"}}, "required": ["item"]})
+KEEPER = (
+    "You are Greta, the gruff but kind keeper of the Prancing Pony, a tavern on the market square. "
+    "You speak in short sentences and never leave the counter. "
+    * 4
+    + "\nWorld facts: the north bridge washed away last week; ale costs 2 coins; the stew is mutton."
+)
+STOCK = ToolSpec(
+    "check_inventory",
+    "How many of an item the tavern has",
+    {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
+)
 
 
 def keeper(npc, msgs, instructions=KEEPER):
-    return StepRequest(npc, instructions, msgs, [STOCK], "allowed", None,
-                       GenerationOptions(max_tokens=4, temperature=0), 0, speaker="Greta")
+    return StepRequest(
+        npc,
+        instructions,
+        msgs,
+        [STOCK],
+        "allowed",
+        None,
+        GenerationOptions(max_tokens=4, temperature=0),
+        0,
+        speaker="Greta",
+    )
 
 
 @pytest.mark.trio
@@ -181,8 +208,12 @@ async def test_a_prewarm_reads_the_prompt_off_the_event_loop_and_the_next_step_r
 async def test_a_prewarm_on_a_first_turn_leaves_only_the_players_line_to_read(engine):
     with trio.fail_after(120):
         warm = await engine.prewarm(keeper("pw-first", [], instructions=KEEPER + " The cellar door sticks."))
-        out = await collect(engine, keeper("pw-first", [Message("user", "Hello?", name="Brom")],
-                                           instructions=KEEPER + " The cellar door sticks."))
+        out = await collect(
+            engine,
+            keeper(
+                "pw-first", [Message("user", "Hello?", name="Brom")], instructions=KEEPER + " The cellar door sticks."
+            ),
+        )
     assert out[-1].usage.cached_tokens >= warm.input_tokens - 1
     assert warm.cached_tokens < warm.input_tokens
 
@@ -202,28 +233,56 @@ async def test_a_prewarm_is_cancelled_like_a_step(engine):
 
 OPTIONS = {"let_in": "open the gate", "question": "ask who they are", "call_help": "ring the bell"}
 REASONING = {"type": "string", "description": "why, in one short sentence"}
-DECIDE = {"type": "object", "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": list(OPTIONS)}},
-          "required": ["reasoning", "choice"]}
-DECIDE_ARGS = {"anyOf": [
-    {"type": "object", "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": ["let_in", "question"]}},
-     "required": ["reasoning", "choice"]},
-    {"type": "object", "properties": {"reasoning": REASONING, "choice": {"const": "call_help"}, "arguments": {
-        "type": "object", "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}}, "required": ["urgency"]}},
-     "required": ["reasoning", "choice", "arguments"]},
-]}
+DECIDE = {
+    "type": "object",
+    "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": list(OPTIONS)}},
+    "required": ["reasoning", "choice"],
+}
+DECIDE_ARGS = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {"reasoning": REASONING, "choice": {"type": "string", "enum": ["let_in", "question"]}},
+            "required": ["reasoning", "choice"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "reasoning": REASONING,
+                "choice": {"const": "call_help"},
+                "arguments": {
+                    "type": "object",
+                    "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}},
+                    "required": ["urgency"],
+                },
+            },
+            "required": ["reasoning", "choice", "arguments"],
+        },
+    ]
+}
 
 
 @pytest.mark.trio
 @pytest.mark.parametrize("schema", [DECIDE, DECIDE_ARGS], ids=["enum", "anyOf"])
 async def test_decisions_at_temperature_are_always_one_of_the_options(engine, schema):
     import json
-    situation = ("A stranger in a hood walks up to the gate after dark.\n\nChoose one option:\n"
-                 + "\n".join(f"- {k}: {v}" for k, v in OPTIONS.items()))
+
+    situation = "A stranger in a hood walks up to the gate after dark.\n\nChoose one option:\n" + "\n".join(
+        f"- {k}: {v}" for k, v in OPTIONS.items()
+    )
     choices = []
     with trio.fail_after(300):
         for seed in range(10):
-            r = StepRequest("decider", "You are Hilda, the night guard of the town gate.", [Message("user", situation)],
-                            [], "disallowed", schema, GenerationOptions(temperature=0.7, seed=seed), 0)
+            r = StepRequest(
+                "decider",
+                "You are Hilda, the night guard of the town gate.",
+                [Message("user", situation)],
+                [],
+                "disallowed",
+                schema,
+                GenerationOptions(temperature=0.7, seed=seed),
+                0,
+            )
             out = await collect(engine, r)
             text = "".join(c.delta for c in out if isinstance(c, TextChunk))
             assert out[-1].finish_reason == "stop", (seed, text)
@@ -254,8 +313,9 @@ def test_a_steps_boosts_bans_and_repetition_penalty_are_llama_cpps_own(engine):
     boost = {int(t): 3.0 for t in rng.integers(100, n, 3)}
     # more than the window, with repeats, and tokens seen only early that must drop out
     recent = [int(t) for t in rng.integers(100, 400, 90)] + list(boost)[:1]
-    step = Sampling(gen, [1, 2, 3], None, GenerationOptions(temperature=0), True, None, lambda item: None,
-                    boost, recent, False)
+    step = Sampling(
+        gen, [1, 2, 3], None, GenerationOptions(temperature=0), True, None, lambda item: None, boost, recent, False
+    )
     ref = _internals.LlamaSampler()
     ref.add_logit_bias(n, {**boost, **{int(t): -float("inf") for t in gen._bans(True)}})
     ref.add_penalties(n, _worker.PENALTY_LAST_N, _worker.REPEAT_PENALTY, 0.0, 0.0)
@@ -279,10 +339,23 @@ def test_a_steps_boosts_bans_and_repetition_penalty_are_llama_cpps_own(engine):
 
 
 @pytest.mark.trio
-@pytest.mark.parametrize("tools, schema", [([GIVE, WAVE], None), ([], {
-    "type": "object", "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["serve", "refuse"]}},
-    "required": ["reasoning", "choice"]})])
-async def test_a_greedy_grammar_step_picks_what_masking_the_whole_vocabulary_first_picks(engine, monkeypatch, tools, schema):
+@pytest.mark.parametrize(
+    "tools, schema",
+    [
+        ([GIVE, WAVE], None),
+        (
+            [],
+            {
+                "type": "object",
+                "properties": {"reasoning": {"type": "string"}, "choice": {"enum": ["serve", "refuse"]}},
+                "required": ["reasoning", "choice"],
+            },
+        ),
+    ],
+)
+async def test_a_greedy_grammar_step_picks_what_masking_the_whole_vocabulary_first_picks(
+    engine, monkeypatch, tools, schema
+):
     """A grammar step lets the chain pick from the whole row and masks only when the grammar
     refuses the pick, a slice of the best candidates first (``Sampling._pick``): greedy, that
     is the token the grammar in the chain (every candidate masked, then the choice) gives."""
@@ -313,8 +386,10 @@ async def test_a_greedy_grammar_step_picks_what_masking_the_whole_vocabulary_fir
 
     async def answer():
         out = await collect(engine, r)
-        return ("".join(c.delta for c in out if isinstance(c, TextChunk)),
-                [[(call.name, call.arguments) for call in c.calls] for c in out if isinstance(c, ToolCallsChunk)])
+        return (
+            "".join(c.delta for c in out if isinstance(c, TextChunk)),
+            [[(call.name, call.arguments) for call in c.calls] for c in out if isinstance(c, ToolCallsChunk)],
+        )
 
     ours = await answer()
     monkeypatch.setattr(Sampling, "_pick", masked_first)

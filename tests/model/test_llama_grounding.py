@@ -1,8 +1,8 @@
-"""A spoken line after a tool round says the numbers the game's tools answered (issue 29,
-item 4): which values must be said (``_prompt.values_to_say``, no model needed), where a
-line says one (``_lines.value_pattern``), and the sampler's promise that the first sentence
-says them whatever the model's logits are (``_worker.Sampling._ground``), shown on rows of
-logits a test makes up, so no CPU's numerics decide it. The demo's exchange on the real
+"""A spoken line after a tool round says the numbers the game's tools answered: the sampler's
+promise that the first sentence says them whatever the model's logits are
+(``_worker.Sampling._ground``), shown on rows of logits a test makes up, so no CPU's numerics
+decide it. Which values must be said and where a line says one need no model:
+tests/unit/test_grounding_values.py. The demo's exchange on the real
 model is ``tests/model/test_llama_lines_real.py::test_the_keeper_answers_with_the_count_the_game_gave``;
 the rates, per CPU variant and beside the soft bias alone, are ``bench/bench_grounded.py``'s.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -19,77 +18,7 @@ from typing import Any
 import pytest
 
 from bridge.engines.base import GenerationOptions, Message, StepRequest, ToolCall
-from bridge.engines.llama import availability
 from bridge.engines.llama._lines import value_pattern
-from bridge.engines._text._prompt import SAY_MAX_VALUES, PromptRenderer, values_to_say
-
-needs_model = pytest.mark.skipif(not availability()[0] and os.environ.get("CI") != "true",
-                                 reason=f"llama engine unavailable: {availability()[1]}")
-
-
-# -- which values a line must say -----------------------------------------------------------
-@pytest.mark.parametrize("outputs, said", [
-    ([{"item": "ale", "inStock": 3}], ["3"]),  # the demo: the count, not the item's name
-    ([{"ok": True}], []),  # a tool that only says it worked: nothing to recite
-    ([{"ok": True, "gold": 50}], ["50"]),
-    ([{"id": 4711}, {"orderId": 17, "total": 12}], ["12"]),  # identifiers are never said
-    ([{"npc_id": 3, "createdAt": 1700000000, "version": 2}], []),
-    ([{"x": 10, "y": 20}], []),  # a position
-    ([{"price": 2.5}], ["2.5"]),
-    ([{"ratio": 0.7312}, {"weight": 4.0}], ["4"]),  # a ratio is the game's; 4.0 is said "4"
-    ([{"debt": -3}, {"big": 12345678}], []),  # negative, and too long to be a count
-    ([{"inStock": 3, "price": 3}], ["3"]),  # the same number once
-    ([{"hp": 35, "maxHp": 50}], ["35", "50"]),
-    ([{"menu": [{"dish": "stew", "price": 4}, {"dish": "pie", "price": 6}, {"dish": "ale", "price": 2}]}], []),
-    ([7], ["7"]),  # a tool that answers a bare number
-    (["three left"], []),  # text: the model reads it, nothing is forced
-])
-def test_the_numbers_a_line_must_say_are_counts_and_amounts_not_ids_flags_or_menus(outputs: list[Any], said: list[str]) -> None:
-    assert values_to_say(outputs) == said
-
-
-def test_more_numbers_than_the_cap_make_none_of_them_required() -> None:
-    counts = {f"item{i}": i + 1 for i in range(SAY_MAX_VALUES + 1)}
-    assert values_to_say([counts]) == []
-    assert values_to_say([dict(list(counts.items())[:SAY_MAX_VALUES])]) == [str(i + 1) for i in range(SAY_MAX_VALUES)]
-
-
-def test_only_the_tool_results_of_the_turn_being_generated_count_and_never_an_error() -> None:
-    call = ToolCall("c1", "check_inventory", {"item": "ale"})
-    messages = [
-        Message("user", "How much is the stew?"),
-        Message("assistant", "", tool_calls=[ToolCall("c0", "price", {})]),
-        Message("tool", json.dumps({"price": 4}), tool_call_id="c0", name="price"),
-        Message("assistant", "Four copper."),
-        Message("user", "Any ale left?"),
-        Message("assistant", "", tool_calls=[call]),
-        Message("tool", json.dumps({"inStock": 3}), tool_call_id="c1", name="check_inventory"),
-        Message("tool", json.dumps({"retryAfter": 9}), tool_call_id="c2", name="check_inventory", is_error=True),
-        Message("tool", "not json at all", tool_call_id="c3", name="check_inventory"),
-    ]
-    assert PromptRenderer.said_values(messages) == ["3"]
-    assert PromptRenderer.said_values(messages[:4]) == ["4"]
-    assert PromptRenderer.said_values([Message("user", "Hello")]) == []
-
-
-# -- where a line says a value ----------------------------------------------------------------
-@pytest.mark.parametrize("value, text, says", [
-    ("3", "I have 3 ale left.", True),
-    ("3", "Three barrels, friend.", True),
-    ("3", "Aye, three.", True),
-    ("3", "I have 30 ale.", False),
-    ("3", "It's the 3rd barrel.", False),
-    ("3", "About 2.3 gallons.", False),
-    ("3", "Only 13 left.", False),
-    ("3", "3.5 mugs.", False),
-    ("3", "At 3:10 tonight.", False),
-    ("3", "3/4 full.", False),
-    ("1200", "That's 1,200 gold.", True),
-    ("2.5", "2.5 silver a mug.", True),
-    ("2.5", "2.55 silver.", False),
-])
-def test_a_value_is_said_as_a_whole_number_in_digits_or_words(value: str, text: str, says: bool) -> None:
-    assert bool(value_pattern(value).search(text)) is says
 
 
 # -- the sampler's promise, on made-up logits -------------------------------------------------
@@ -131,8 +60,15 @@ class MadeUpModel:
         pass
 
 
-def speak(engine: Any, monkeypatch: Any, say: list[str], rows: Any, temperature: float = 0.7, seed: int = 1,
-          max_tokens: int = 60) -> tuple[str, Any]:
+def speak(
+    engine: Any,
+    monkeypatch: Any,
+    say: list[str],
+    rows: Any,
+    temperature: float = 0.7,
+    seed: int = 1,
+    max_tokens: int = 60,
+) -> tuple[str, Any]:
     """A spoken step on made-up logits: the line as the player sees it, and the step."""
     import llama_cpp
 
@@ -142,8 +78,19 @@ def speak(engine: Any, monkeypatch: Any, say: list[str], rows: Any, temperature:
     model = MadeUpModel(gen.n_vocab, rows, temperature, seed)
     monkeypatch.setattr(llama_cpp, "llama_get_logits_ith", model.logits)
     shown: list[str] = []
-    step = Sampling(gen, [1, 2, 3], None, GenerationOptions(temperature=temperature, seed=seed, max_tokens=max_tokens),
-                    True, None, lambda item: shown.append(item[1]), None, None, False, say)
+    step = Sampling(
+        gen,
+        [1, 2, 3],
+        None,
+        GenerationOptions(temperature=temperature, seed=seed, max_tokens=max_tokens),
+        True,
+        None,
+        lambda item: shown.append(item[1]),
+        None,
+        None,
+        False,
+        say,
+    )
     step.sampler = model
     step.chains = [model]
     ctx = SimpleNamespace(ctx=None)
@@ -160,8 +107,14 @@ def adversary(engine: Any, say: list[str], seed: int, ends_after: int, value_gap
     import numpy as np
 
     llm = engine._llm
-    words = [t for w in (" I", " have", " some", " ale", ",", " but", " not", " sure", " friend", " and") for t in llm.tokenize(w.encode(), add_bos=False, special=False)]
-    ends = [t for w in (".", "!", "\n") for t in llm.tokenize(w.encode(), add_bos=False, special=False)] + [llm.token_eos()]
+    words = [
+        t
+        for w in (" I", " have", " some", " ale", ",", " but", " not", " sure", " friend", " and")
+        for t in llm.tokenize(w.encode(), add_bos=False, special=False)
+    ]
+    ends = [t for w in (".", "!", "\n") for t in llm.tokenize(w.encode(), add_bos=False, special=False)] + [
+        llm.token_eos()
+    ]
     values = [t for v in say for w in (" " + v, v) for t in llm.tokenize(w.encode(), add_bos=False, special=False)[:1]]
     rng = np.random.default_rng(seed)
     n = engine._gen.n_vocab
@@ -178,12 +131,13 @@ def adversary(engine: Any, say: list[str], seed: int, ends_after: int, value_gap
     return rows
 
 
-@needs_model
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
-@pytest.mark.parametrize("value_gap, how", [(0.5, {"model", "taken", "pressed"}), (8.0, {"model", "taken", "pressed"}),
-                                            (40.0, {"forced"})])
-def test_the_first_sentence_says_the_values_whatever_the_logits(engine: Any, monkeypatch: Any, temperature: float,
-                                                                value_gap: float, how: set[str]) -> None:
+@pytest.mark.parametrize(
+    "value_gap, how", [(0.5, {"model", "taken", "pressed"}), (8.0, {"model", "taken", "pressed"}), (40.0, {"forced"})]
+)
+def test_the_first_sentence_says_the_values_whatever_the_logits(
+    engine: Any, monkeypatch: Any, temperature: float, value_gap: float, how: set[str]
+) -> None:
     # A model that would end the line early, and finds the count barely (0.5 below its best
     # token, before SAY_BIAS), hardly (8) or never (40) as likely: the count is said, once,
     # in the first sentence, as a whole number; never forced when the model finds it likely
@@ -199,7 +153,6 @@ def test_the_first_sentence_says_the_values_whatever_the_logits(engine: Any, mon
             assert {h for _v, h in step.how} <= how, (text, step.how)
 
 
-@needs_model
 def test_a_value_is_said_before_maxtokens_cuts_the_line(engine: Any, monkeypatch: Any) -> None:
     # The model never wants to end and never wants the values: they are said in time all the
     # same, when maxTokens leaves room for a first word and the values (" 1200" is 5 tokens,
@@ -211,7 +164,6 @@ def test_a_value_is_said_before_maxtokens_cuts_the_line(engine: Any, monkeypatch
         assert [how for _v, how in step.how] == ["forced"] * len(say)
 
 
-@needs_model
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_value_said_never_runs_on_into_another_number(engine: Any, monkeypatch: Any, temperature: float) -> None:
     # A model that would glue digits, a decimal point, a time or "rd" onto anything it says:
@@ -236,7 +188,6 @@ def test_a_value_said_never_runs_on_into_another_number(engine: Any, monkeypatch
         assert value_pattern("3").search(text), (seed, text, step.how)
 
 
-@needs_model
 def test_a_line_with_nothing_to_say_is_left_to_the_model(engine: Any, monkeypatch: Any) -> None:
     rows = adversary(engine, ["3"], 1, ends_after=2, value_gap=40.0)
     text, step = speak(engine, monkeypatch, [], rows, 0.0, 1)
@@ -244,8 +195,9 @@ def test_a_line_with_nothing_to_say_is_left_to_the_model(engine: Any, monkeypatc
     assert len(re.split(r"[.!?\n]", step.said)[0].split()) == 2  # the sentence ended where the model ended it
 
 
-@needs_model
-async def test_the_engine_asks_a_spoken_step_for_the_counts_of_its_tool_round_only(engine: Any, monkeypatch: Any) -> None:
+async def test_the_engine_asks_a_spoken_step_for_the_counts_of_its_tool_round_only(
+    engine: Any, monkeypatch: Any
+) -> None:
     """The values reach the step's sampling from the engine: after a tool round (not on the
     step that calls, not in a JSON answer), none for ``{"ok": true}``, none with
     ``$OAM_LLAMA_GROUNDED=0`` (``engine.grounded``)."""
@@ -262,10 +214,21 @@ async def test_the_engine_asks_a_spoken_step_for_the_counts_of_its_tool_round_on
     call = ToolCall("c1", "check_inventory", {"item": "ale"})
 
     def request(output: Any, schema: Any = None) -> StepRequest:
-        msgs = [Message("user", "Any ale left?"), Message("assistant", "", tool_calls=[call]),
-                Message("tool", json.dumps(output), tool_call_id="c1", name="check_inventory")]
-        return StepRequest("keeper", "You are Greta, a tavern keeper.", msgs, [], "disallowed", schema,
-                           GenerationOptions(temperature=0, max_tokens=24), 1)
+        msgs = [
+            Message("user", "Any ale left?"),
+            Message("assistant", "", tool_calls=[call]),
+            Message("tool", json.dumps(output), tool_call_id="c1", name="check_inventory"),
+        ]
+        return StepRequest(
+            "keeper",
+            "You are Greta, a tavern keeper.",
+            msgs,
+            [],
+            "disallowed",
+            schema,
+            GenerationOptions(temperature=0, max_tokens=24),
+            1,
+        )
 
     async def said(r: StepRequest) -> list[str]:
         steps.clear()
@@ -275,27 +238,42 @@ async def test_the_engine_asks_a_spoken_step_for_the_counts_of_its_tool_round_on
 
     assert await said(request({"item": "ale", "inStock": 3})) == ["3"]
     assert await said(request({"ok": True})) == []
-    assert await said(request({"inStock": 3}, schema={"type": "object", "properties": {"n": {"type": "integer"}}})) == []
+    assert (
+        await said(request({"inStock": 3}, schema={"type": "object", "properties": {"n": {"type": "integer"}}})) == []
+    )
     monkeypatch.setattr(engine, "grounded", False)
     assert await said(request({"item": "ale", "inStock": 3})) == []
 
 
-@needs_model
 async def test_a_line_that_may_still_call_a_tool_says_the_count_when_it_speaks(engine: Any) -> None:
     """With tools still allowed (a grammar: a call batch or text), a step that speaks says the
     count like any line, and one that calls is left to call (``_ground`` leaves a call batch
     alone; a value's tokens are only taken once the text branch is chosen)."""
     from bridge.engines.base import TextChunk, ToolCallsChunk, ToolSpec
 
-    tool = ToolSpec("check_inventory", "Look up how many of an item the tavern has.", {
-        "type": "object", "properties": {"item": {"type": "string", "enum": ["ale", "bread"]}}, "required": ["item"]})
+    tool = ToolSpec(
+        "check_inventory",
+        "Look up how many of an item the tavern has.",
+        {"type": "object", "properties": {"item": {"type": "string", "enum": ["ale", "bread"]}}, "required": ["item"]},
+    )
     call = ToolCall("c1", "check_inventory", {"item": "ale"})
-    msgs = [Message("user", "Any ale left?"), Message("assistant", "", tool_calls=[call]),
-            Message("tool", json.dumps({"item": "ale", "inStock": 3}), tool_call_id="c1", name="check_inventory")]
+    msgs = [
+        Message("user", "Any ale left?"),
+        Message("assistant", "", tool_calls=[call]),
+        Message("tool", json.dumps({"item": "ale", "inStock": 3}), tool_call_id="c1", name="check_inventory"),
+    ]
     spoke = 0
     for seed in range(6):
-        r = StepRequest(f"keeper{seed}", "You are Greta, a tavern keeper.", msgs, [tool], "allowed", None,
-                        GenerationOptions(temperature=1.0, seed=seed, max_tokens=60), 1)
+        r = StepRequest(
+            f"keeper{seed}",
+            "You are Greta, a tavern keeper.",
+            msgs,
+            [tool],
+            "allowed",
+            None,
+            GenerationOptions(temperature=1.0, seed=seed, max_tokens=60),
+            1,
+        )
         out = [c async for c in engine.stream_step(r)]
         if any(isinstance(c, ToolCallsChunk) for c in out):
             continue

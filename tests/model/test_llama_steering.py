@@ -8,10 +8,9 @@ trimming; stdout purity. Every stdout line is parsed as JSON by the test client.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import jsonschema
@@ -19,13 +18,7 @@ import pytest
 import trio
 
 from bridge.engines import llama
-
-from tests.conftest import Proc, RpcError, open_bridge
-
-# Skipped where the model is missing, except under CI=true: there the tests run and fail.
-pytestmark = pytest.mark.skipif(
-    not llama.availability()[0] and os.environ.get("CI") != "true", reason=f"llama engine unavailable: {llama.availability()[1]}"
-)
+from tests.support.harness import Proc, RpcError, initialized_bridge
 
 NOTE_TOOL = {  # a free string argument: bounded by the grammar, so the call always closes
     "name": "write_note",
@@ -35,29 +28,27 @@ NOTE_TOOL = {  # a free string argument: bounded by the grammar, so the call alw
 DOOR_TOOL = {
     "name": "open_door",
     "description": "Open one of the tavern's doors.",
-    "parameters": {"type": "object", "properties": {"door": {"type": "string", "enum": ["front", "back", "cellar"]}}, "required": ["door"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"door": {"type": "string", "enum": ["front", "back", "cellar"]}},
+        "required": ["door"],
+    },
 }
 DICE_TOOL = {
     "name": "roll_dice",
     "description": "Roll dice with the game's own random numbers.",
-    "parameters": {"type": "object", "properties": {"sides": {"type": "integer"}, "count": {"type": "integer"}}, "required": ["sides", "count"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"sides": {"type": "integer"}, "count": {"type": "integer"}},
+        "required": ["sides", "count"],
+    },
 }
 TOOLS = [NOTE_TOOL, DOOR_TOOL, DICE_TOOL]
 BY_NAME = {t["name"]: t for t in TOOLS}
 
 
-@asynccontextmanager
-async def llama_bridge(*args: str) -> AsyncIterator[Proc]:
-    """An initialized bridge on the llama engine; at the end, stdin EOF must exit it with 0."""
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", *args)
-        await p.client.initialize()
-        yield p
-        if p.process.returncode is None:
-            await p.process.stdin.aclose()  # type: ignore[union-attr]
-            with trio.fail_after(10):
-                assert await p.process.wait() == 0
-        nursery.cancel_scope.cancel()
+# An initialized bridge on the llama engine; at the end, stdin EOF must exit it with 0.
+llama_bridge = partial(initialized_bridge, "--engine", "llama", guard=None)
 
 
 @pytest.fixture
@@ -72,35 +63,28 @@ def copy_of_the_model(tmp_path: Any) -> str:
     return str(other)
 
 
-async def create(p: Proc, npc: str, tools: list[dict[str, Any]], seed: int = 1, max_tokens: int = 64, **extra: Any) -> None:
-    await p.client.call("npc/create", {
-        "npcId": npc, "persona": {"name": "Greta", "role": "tavern keeper"}, "tools": tools,
-        "options": {"temperature": 0.8, "maxTokens": max_tokens, "seed": seed}, **extra,
-    })
+async def create(
+    p: Proc, npc: str, tools: list[dict[str, Any]], seed: int = 1, max_tokens: int = 64, **extra: Any
+) -> None:
+    await p.client.call(
+        "npc/create",
+        {
+            "npcId": npc,
+            "persona": {"name": "Greta", "role": "tavern keeper"},
+            "tools": tools,
+            "options": {"temperature": 0.8, "maxTokens": max_tokens, "seed": seed},
+            **extra,
+        },
+    )
 
 
-async def run_turn(p: Proc, npc: str, prompt: str, output: Any = "done", **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def run_turn(
+    p: Proc, npc: str, prompt: str, output: Any = "done", **kw: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One turn; every game tool call is answered with ``output``. Returns the terminal
     event and the calls the game saw."""
-    c = p.client
-    r = await c.call("npc/respond", {"npcId": npc, "prompt": prompt, **kw})
-    tid = r["turnId"]
-    seen: list[dict[str, Any]] = []
     with trio.fail_after(120):
-        while True:
-            changed = c._changed  # taken before looking: nothing that arrives later is missed
-            calls = [e for e in c.turn_events(tid) if e["method"] == "turn/toolCallRequested"]
-            for e in calls[len(seen):]:
-                seen.append(e["params"])
-                try:
-                    await c.call("npc/submit", {"npcId": npc, "callId": e["params"]["callId"], "output": output})
-                except RpcError as err:
-                    raise AssertionError(f"submit refused: {err.error}; turn events: {c.turn_events(tid)}") from None
-            done = [e for e in c.turn_events(tid) if e["method"] in ("turn/completed", "turn/failed")]
-            if done:
-                c.assert_well_formed(tid)
-                return done[0], seen
-            await changed.wait()
+        return await p.turn_answering_calls(npc, prompt, output, **kw)
 
 
 def assert_valid_call(call: dict[str, Any], allowed: set[str]) -> None:
@@ -113,7 +97,13 @@ async def test_forced_call_with_a_free_string_argument_is_valid_and_bounded(brid
     # a free string is bounded, so the call cannot run to maxTokens and come out malformed.
     for seed in (1, 2, 3):
         await create(bridge, f"scribe{seed}", [NOTE_TOOL], seed=seed, max_tokens=400)
-        done, calls = await run_turn(bridge, f"scribe{seed}", "Write down that the bard owes us three silver.", toolChoice="required", maxToolRounds=1)
+        done, calls = await run_turn(
+            bridge,
+            f"scribe{seed}",
+            "Write down that the bard owes us three silver.",
+            toolChoice="required",
+            maxToolRounds=1,
+        )
         assert done["method"] == "turn/completed", done
         assert len(calls) >= 1
         for call in calls:
@@ -125,7 +115,9 @@ async def test_named_choice_among_several_tools_calls_exactly_that_tool(bridge: 
     # REQ llama-named: a named tool allows only that one on the first step.
     for seed in (1, 2):
         await create(bridge, f"gambler{seed}", TOOLS, seed=seed)
-        done, calls = await run_turn(bridge, f"gambler{seed}", "Open the cellar door for me.", toolChoice={"tool": "roll_dice"}, maxToolRounds=1)
+        done, calls = await run_turn(
+            bridge, f"gambler{seed}", "Open the cellar door for me.", toolChoice={"tool": "roll_dice"}, maxToolRounds=1
+        )
         assert done["method"] == "turn/completed", done
         assert calls and all(c["name"] == "roll_dice" for c in calls)
         for call in calls:
@@ -142,8 +134,14 @@ async def test_required_with_several_tools_and_budgets(bridge: Proc) -> None:
     over_budget = []
     for seed in (4, 5, 6, 7):
         await create(bridge, f"keeper{seed}", TOOLS, seed=seed, max_tokens=160)
-        done, calls = await run_turn(bridge, f"keeper{seed}", "Roll two six-sided dice and open the front door.",
-                                     toolChoice="required", maxToolRounds=1, maxToolCalls=1)
+        done, calls = await run_turn(
+            bridge,
+            f"keeper{seed}",
+            "Roll two six-sided dice and open the front door.",
+            toolChoice="required",
+            maxToolRounds=1,
+            maxToolCalls=1,
+        )
         assert done["method"] == "turn/completed", (seed, done)
         p = done["params"]
         assert p["steps"] == 2, "one tool round, then one answering step"
@@ -161,7 +159,9 @@ async def test_auto_with_tools_gives_text_or_valid_calls(bridge: Proc) -> None:
     # tools with valid arguments come out; the turn completes either way.
     for seed in (1, 2, 3):
         await create(bridge, f"host{seed}", [DOOR_TOOL, DICE_TOOL], seed=seed)
-        done, calls = await run_turn(bridge, f"host{seed}", "Good evening! Could you open the back door?", maxToolRounds=2)
+        done, calls = await run_turn(
+            bridge, f"host{seed}", "Good evening! Could you open the back door?", maxToolRounds=2
+        )
         assert done["method"] == "turn/completed", done
         for call in calls:
             assert_valid_call(call, {"open_door", "roll_dice"})
@@ -173,11 +173,21 @@ async def test_schema_answer_with_tools_available_validates(bridge: Proc) -> Non
     # could be called first; and a schema feature the grammar cannot enforce is reported.
     schema = {
         "type": "object",
-        "properties": {"mood": {"type": "string", "enum": ["happy", "grumpy", "tired"]}, "coins": {"type": "integer", "minimum": -1000000}},
+        "properties": {
+            "mood": {"type": "string", "enum": ["happy", "grumpy", "tired"]},
+            "coins": {"type": "integer", "minimum": -1000000},
+        },
         "required": ["mood", "coins"],
     }
     await create(bridge, "clerk", [DICE_TOOL], seed=5)
-    done, calls = await run_turn(bridge, "clerk", "How are you, and how many coins do you have?", output={"total": 7}, schema=schema, maxToolRounds=1)
+    done, calls = await run_turn(
+        bridge,
+        "clerk",
+        "How are you, and how many coins do you have?",
+        output={"total": 7},
+        schema=schema,
+        maxToolRounds=1,
+    )
     assert done["method"] == "turn/completed", done
     jsonschema.validate(done["params"]["json"], schema)
     assert list(done["params"]["json"]) == ["mood", "coins"], "keys in the schema's order"
@@ -210,13 +220,26 @@ async def test_trimming_keeps_a_long_conversation_inside_the_window(bridge: Proc
     # model sees, the game is told, and the turn completes inside a 1024-token window.
     c = bridge.client
     story = "The harbour was quiet that night, and the lanterns swayed over the black water. " * 4
-    turns = [[{"role": "user", "content": f"Tell me more ({i})."}, {"role": "assistant", "content": story}] for i in range(30)]
-    save = {"version": 1, "config": {"npcId": "sailor", "instructions": "You are an old sailor.", "engine": "llama",
-                                     "options": {"maxTokens": 32, "temperature": 0, "seed": 1}}, "turns": turns}
+    turns = [
+        [{"role": "user", "content": f"Tell me more ({i})."}, {"role": "assistant", "content": story}]
+        for i in range(30)
+    ]
+    save = {
+        "version": 1,
+        "config": {
+            "npcId": "sailor",
+            "instructions": "You are an old sailor.",
+            "engine": "llama",
+            "options": {"maxTokens": 32, "temperature": 0, "seed": 1},
+        },
+        "turns": turns,
+    }
     await c.call("npc/restore", {"save": save})
     before = await c.call("tokens/count", {"npcId": "sailor", "text": story})
     assert before["tokens"] * len(turns) > before["contextSize"], "the restored history must overflow the window"
-    assert before["promptTokens"] <= before["contextSize"], "promptTokens is what the model would see: the trimmed prompt"
+    assert before["promptTokens"] <= before["contextSize"], (
+        "promptTokens is what the model would see: the trimmed prompt"
+    )
     done, _ = await run_turn(bridge, "sailor", "And then?")
     assert done["method"] == "turn/completed", done
     trimmed = [e for e in c.turn_events(done["params"]["turnId"]) if e["method"] == "turn/contextTrimmed"]
@@ -277,17 +300,18 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
     other = copy_of_the_model(tmp_path)
     async with llama_bridge("--llama-ctx", "512") as p:
         c = p.client
-        await c.call("npc/create", {"npcId": "bard", "engine": "scripted", "script": [{"text": "la " * 3000, "chunkMs": 2}]})
+        await c.call(
+            "npc/create", {"npcId": "bard", "engine": "scripted", "script": [{"text": "la " * 3000, "chunkMs": 2}]}
+        )
         r = await c.call("npc/respond", {"npcId": "bard", "prompt": "sing"})
         with trio.fail_after(60):
-            while len(c.turn_events(r["turnId"])) < 20:
-                await c._changed.wait()
+            await c.until("the bard's first 20 events", lambda: len(c.turn_events(r["turnId"])) >= 20 or None)
             arrivals: list[float] = []
 
             async def watch() -> None:
                 seen = len(c.turn_events(r["turnId"]))
                 while True:
-                    await c._changed.wait()
+                    await c.until("the bard's next event", lambda: len(c.turn_events(r["turnId"])) > seen or None)
                     n = len(c.turn_events(r["turnId"]))
                     arrivals.extend([trio.current_time()] * (n - seen))
                     seen = n
@@ -301,5 +325,7 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
         assert created["engine"] == "llama"
         during = [t for t in arrivals if t0 <= t <= t0 + took]
         gaps = [b - a for a, b in zip([t0, *during], [*during, t0 + took])]
-        assert len(during) >= 5 and max(gaps) < took / 2, f"the load took {took:.3f} s; longest pause in the stream {max(gaps):.3f} s"
+        assert len(during) >= 5 and max(gaps) < took / 2, (
+            f"the load took {took:.3f} s; longest pause in the stream {max(gaps):.3f} s"
+        )
         await c.call("npc/cancel", {"npcId": "bard"})

@@ -1,4 +1,4 @@
-"""Many NPCs at once (issue 12): steering, tools, schema answers, cancel and rollback while
+"""Many NPCs at once: steering, tools, schema answers, cancel and rollback while
 several NPCs stream together, on the llama engine (continuous batching: one llama.cpp
 context, one sequence per NPC) and on the remote ``openai`` engine (a real
 ``llama_cpp.server`` on loopback), both through the real ``oam-bridge`` subprocess; and, in
@@ -7,61 +7,42 @@ process, that batching does not change what a greedy step says.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import hypothesis.strategies as hst
 import jsonschema
 import msgspec
 import pytest
 import trio
-from hypothesis import given, settings
 
 from bridge.engines import llama
 from bridge.engines.base import GenerationOptions, Message, StepDone, StepRequest, TextChunk
-
-from tests.conftest import Client, Proc, open_bridge
-from tests.model.test_openai_engine import server_url  # noqa: F401 - the fixture: llama_cpp.server on the bundled model
-
-pytestmark = pytest.mark.skipif(
-    not llama.availability()[0] and os.environ.get("CI") != "true", reason=f"llama engine unavailable: {llama.availability()[1]}"
-)
+from tests.support.harness import Client, Proc, bridge, rpc
 
 DOOR_TOOL = {
     "name": "open_door",
     "description": "Open one of the tavern's doors.",
-    "parameters": {"type": "object", "properties": {"door": {"type": "string", "enum": ["front", "back", "cellar"]}}, "required": ["door"]},
+    "parameters": {
+        "type": "object",
+        "properties": {"door": {"type": "string", "enum": ["front", "back", "cellar"]}},
+        "required": ["door"],
+    },
 }
-MOOD = {"type": "object", "properties": {"mood": {"type": "string", "enum": ["calm", "angry", "merry"]},
-                                         "coins": {"type": "integer"}}, "required": ["mood", "coins"]}
-
-
-async def finish(p: Proc) -> None:
-    assert p.process.stdin is not None
-    await p.process.stdin.aclose()
-    with trio.fail_after(10):
-        assert await p.process.wait() == 0
+MOOD = {
+    "type": "object",
+    "properties": {"mood": {"type": "string", "enum": ["calm", "angry", "merry"]}, "coins": {"type": "integer"}},
+    "required": ["mood", "coins"],
+}
 
 
 async def respond_at_once(c: Client, asks: dict[str, dict[str, Any]], tag: str) -> dict[str, str]:
     """Sends every NPC's ``npc/respond`` in one write (the bridge reads them at the same
     moment) and returns each NPC's turn id."""
-    await c.send_raw(b"".join(json.dumps({"jsonrpc": "2.0", "id": f"{tag}-{npc}", "method": "npc/respond",
-                                          "params": {"npcId": npc, **ask}}).encode() + b"\n" for npc, ask in asks.items()))
-    turns: dict[str, str] = {}
+    await c.send(*[rpc(f"{tag}-{npc}", "npc/respond", {"npcId": npc, **ask}) for npc, ask in asks.items()])
     with trio.fail_after(30):
-        while len(turns) < len(asks):
-            changed = c._changed
-            for r in c.responses:
-                if isinstance(r, dict) and str(r.get("id", "")).startswith(f"{tag}-"):
-                    turns[r["id"][len(tag) + 1:]] = r["result"]["turnId"]
-            if len(turns) < len(asks):
-                await changed.wait()
-    return turns
+        return {npc: (await c.result(f"{tag}-{npc}"))["turnId"] for npc in asks}
 
 
 def texts(c: Client, turn_id: str) -> list[str]:
@@ -77,8 +58,11 @@ async def six_npcs_at_once(p: Proc, engine: str) -> dict[str, float]:
     npcs: dict[str, dict[str, Any]] = {
         "guard": {"instructions": "You are Bram, the guard at the tavern's doors.", "tools": [DOOR_TOOL]},
         "clerk": {"instructions": "You are Ilse, the clerk who counts the coins.", "tools": []},
-        "bard": {"instructions": "You are Finn, a bard who tells very long stories.", "tools": [],
-                 "options": {**opts, "maxTokens": 300}},
+        "bard": {
+            "instructions": "You are Finn, a bard who tells very long stories.",
+            "tools": [],
+            "options": {**opts, "maxTokens": 300},
+        },
         "cook": {"instructions": "You are Marta, the cook. You cannot open doors.", "tools": [DOOR_TOOL]},
         "maid": {"instructions": "You are Lene, the maid who sweeps the hall.", "tools": []},
         "smith": {"instructions": "You are Otto, the smith next door.", "tools": []},
@@ -104,7 +88,9 @@ async def six_npcs_at_once(p: Proc, engine: str) -> dict[str, float]:
         assert call["params"]["name"] == "open_door"
         jsonschema.validate(call["params"]["arguments"], DOOR_TOOL["parameters"])
         async with sending:
-            await c.call("npc/submit", {"npcId": "guard", "callId": call["params"]["callId"], "output": {"opened": True}})
+            await c.call(
+                "npc/submit", {"npcId": "guard", "callId": call["params"]["callId"], "output": {"opened": True}}
+            )
 
     async def bard() -> None:  # cancelled after its first words
         await c.wait_event("turn/textDelta", turnId=turns["bard"])
@@ -141,23 +127,22 @@ async def six_npcs_at_once(p: Proc, engine: str) -> dict[str, float]:
 
 
 async def test_six_npcs_at_once_on_the_llama_engine() -> None:
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "4096", "--llama-parallel", "4")
-        await p.client.initialize()
+    async with bridge("--engine", "llama", "--llama-ctx", "4096", "--llama-parallel", "4", guard=None) as p:
+        await p.initialize()
         # six turns on four sequences: two wait for a slot and join the batch as others end
         await six_npcs_at_once(p, "llama")
-        await finish(p)
+        await p.finish()
 
 
-async def test_six_npcs_at_once_on_the_remote_engine(server_url: str) -> None:  # noqa: F811
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "openai", "--openai-url", server_url, "--openai-grammar")
-        await p.client.initialize()
+async def test_six_npcs_at_once_on_the_remote_engine(server_url: str) -> None:
+    async with bridge("--engine", "openai", "--openai-url", server_url, "--openai-grammar", guard=None) as p:
+        await p.initialize()
         await six_npcs_at_once(p, "openai")
-        await finish(p)
+        await p.finish()
 
 
 # -- in process: the batch itself --------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def engine():  # type: ignore[no-untyped-def]
@@ -178,15 +163,29 @@ async def fresh_engine(**kw: Any) -> AsyncIterator[llama.LlamaEngine]:
 
 def villager(lore: str, npc: str) -> StepRequest:
     """A short greeting to an NPC whose instructions start with ``lore``."""
-    return StepRequest(npc_id=npc, instructions=lore + f"You are {npc}.", messages=[Message("user", "Hello!")],
-                       tools=[], tool_mode="auto", schema=None, options=GenerationOptions(temperature=0, max_tokens=4),
-                       step_index=0)
+    return StepRequest(
+        npc_id=npc,
+        instructions=lore + f"You are {npc}.",
+        messages=[Message("user", "Hello!")],
+        tools=[],
+        tool_mode="auto",
+        schema=None,
+        options=GenerationOptions(temperature=0, max_tokens=4),
+        step_index=0,
+    )
 
 
 def ask(npc: str, line: str, max_tokens: int = 24, npc_id: str | None = None) -> StepRequest:
-    return StepRequest(npc_id=npc_id or npc, instructions=f"You are {npc}, who lives in the village of Tarn.",
-                       messages=[Message("user", line)], tools=[], tool_mode="auto", schema=None,
-                       options=GenerationOptions(temperature=0, max_tokens=max_tokens), step_index=0)
+    return StepRequest(
+        npc_id=npc_id or npc,
+        instructions=f"You are {npc}, who lives in the village of Tarn.",
+        messages=[Message("user", line)],
+        tools=[],
+        tool_mode="auto",
+        schema=None,
+        options=GenerationOptions(temperature=0, max_tokens=max_tokens),
+        step_index=0,
+    )
 
 
 async def say(engine: llama.LlamaEngine, request: StepRequest) -> tuple[str, StepDone]:
@@ -201,8 +200,12 @@ async def say(engine: llama.LlamaEngine, request: StepRequest) -> tuple[str, Ste
     return "".join(words), done
 
 
-LINES = {"Anna": "What news from the mill?", "Bert": "Is the bridge safe to cross?",
-         "Cora": "Where can I buy bread?", "Dirk": "Have you seen my goat?"}
+LINES = {
+    "Anna": "What news from the mill?",
+    "Bert": "Is the bridge safe to cross?",
+    "Cora": "Where can I buy bread?",
+    "Dirk": "Have you seen my goat?",
+}
 
 
 def record_rows(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[int, ...], list[tuple[Any, int | None]]]:
@@ -260,8 +263,9 @@ def rows_alike(reference: list[tuple[Any, int | None]], steps: list[tuple[Any, i
     return same
 
 
-async def test_batched_steps_see_the_rows_they_see_alone(engine: llama.LlamaEngine,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_batched_steps_see_the_rows_they_see_alone(
+    engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Each NPC's row of logits in a batch is its own: the same as alone, but for the last
     # bits (a batch of several rows multiplies in another order than one row, and where the
     # cells lie in the pool changes how attention adds them up; a near tie can then flip a
@@ -310,8 +314,9 @@ def record_decodes(monkeypatch: pytest.MonkeyPatch) -> list[dict[int, int]]:
     return batches
 
 
-async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama.LlamaEngine,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(
+    engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # One NPC speaks while another's long prompt is read: its token goes in a decode of its
     # own, not beside the prompt's rows (llama.cpp's flash attention would then read every
     # NPC's cells for the prompt rows in the same tile: measured slower, see _batch._decode)
@@ -339,23 +344,29 @@ async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(engine: llama
     teller = next(iter(batches[0]))
     listening = [i for i in reading if teller not in batches[i]]
     assert len(listening) >= 3, batches
-    assert all(any(batches[i] == {teller: 1} for i in range(a + 1, b)) for a, b in zip(listening, listening[1:])), batches
+    assert all(any(batches[i] == {teller: 1} for i in range(a + 1, b)) for a, b in zip(listening, listening[1:])), (
+        batches
+    )
     # ... and never in the same decode as the prompt's rows
     assert all(len(batches[i]) == 1 for i in reading), [batches[i] for i in reading]
 
 
 @pytest.mark.parametrize("walk", [0, 10], ids=["short", "past-the-hold"])
-async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine: llama.LlamaEngine,
-                                                                       monkeypatch: pytest.MonkeyPatch,
-                                                                       walk: int) -> None:
+async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(
+    engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch, walk: int
+) -> None:
     # Four NPCs ask at the same moment: the first to be read speaks first, and its next
     # token waits until the others have read their prompts: fewer tokens than the hold, or
     # more (a burst of longer prompts, up to hold_burst: every first word before a second)
     sched = engine._gen.scheduler
     batches = record_decodes(monkeypatch)
     road = " I walked all day from the far end of the valley, past the mill and the old bridge." * walk
-    lines = {"Gerd": "What news from the mill?" + road, "Hana": "Is the bridge safe to cross?" + road,
-             "Ines": "Where can I buy bread?" + road, "Jost": "Have you seen my goat?" + road}
+    lines = {
+        "Gerd": "What news from the mill?" + road,
+        "Hana": "Is the bridge safe to cross?" + road,
+        "Ines": "Where can I buy bread?" + road,
+        "Jost": "Have you seen my goat?" + road,
+    }
     first: list[str] = []
 
     async def one(npc: str) -> None:
@@ -380,16 +391,20 @@ async def test_npcs_asking_at_once_hear_every_first_word_before_a_second(engine:
     assert len(batches[reading[-1] + 1]) == len(lines), batches
 
 
-async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(engine: llama.LlamaEngine,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(
+    engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Lene asks while Kurt's prompt is being read, and hers is long (more than hold_burst):
     # Kurt speaks first, then his next tokens wait for her first word, but never for more
     # than ``hold`` of her tokens
     sched = engine._gen.scheduler
     batches = record_decodes(monkeypatch)
     kurt = ask("Kurt", "Tell me the longest tale of the valley.", max_tokens=120)
-    kurt = msgspec.structs.replace(kurt, instructions=kurt.instructions
-                                   + " He knows every mill, ford, feud and flood of the valley for a hundred years." * 12)
+    kurt = msgspec.structs.replace(
+        kurt,
+        instructions=kurt.instructions
+        + " He knows every mill, ford, feud and flood of the valley for a hundred years." * 12,
+    )
     long_prompt = "Hear the whole history of the valley, its mills, its floods and its feuds. " * 80
     with trio.fail_after(120):
         async with trio.open_nursery() as n:
@@ -413,12 +428,14 @@ async def test_a_held_npc_says_a_token_at_least_every_hold_of_prompt(engine: lla
     assert sum(b[lene] for b in batches if set(b) == {lene}) > sched.hold_burst, batches  # the premise
     assert len(gaps) >= 2, (gaps, batches)  # Kurt spoke while her long prompt was read ...
     assert max(gaps) >= sched.hold, gaps  # ... after waiting for it ...
-    assert max(gaps) < sched.hold + sched.chunk, (gaps, batches[start - 2:])  # ... for a hold's worth of it at most
+    assert max(gaps) < sched.hold + sched.chunk, (gaps, batches[start - 2 :])  # ... for a hold's worth of it at most
 
 
 async def test_a_shared_prefix_is_read_once(engine: llama.LlamaEngine) -> None:
-    lore = ("The village of Tarn lies in a valley under the Grey Peaks. Its mill, its bridge and its bakery "
-            "are old, and everyone knows everyone. ") * 4
+    lore = (
+        "The village of Tarn lies in a valley under the Grey Peaks. Its mill, its bridge and its bakery "
+        "are old, and everyone knows everyone. "
+    ) * 4
     sched = engine._gen.scheduler
 
     _, first = await say(engine, villager(lore, "Elsa"))
@@ -434,8 +451,10 @@ async def test_npcs_asking_at_once_read_their_shared_lore_once(engine: llama.Lla
     # A town's NPCs share the town's lore and ask at the same moment: all are admitted before
     # any has read it, and only the first reads it; the others take its cells when their turn
     # to read comes (a lore no slot holds yet: no earlier test used it)
-    lore = ("The harbour town of Skell faces the cold sea. Its fish market, its lighthouse and its rope walk "
-            "are busy from dawn, and the gulls steal what they can. ") * 6  # longer than a prompt chunk
+    lore = (
+        "The harbour town of Skell faces the cold sea. Its fish market, its lighthouse and its rope walk "
+        "are busy from dawn, and the gulls steal what they can. "
+    ) * 6  # longer than a prompt chunk
     sched = engine._gen.scheduler
     shared = sched.shared_tokens
     usage: dict[str, Any] = {}
@@ -459,8 +478,10 @@ async def test_a_shared_prefix_takes_its_cells_once() -> None:
     # 1024 cells: the elder's ~330-token prompt (the lore) and four NPCs whose prompts start
     # with the same lore fit together only if the lore's cells are counted once; counted per
     # NPC, the elder's place would be given up (its state saved) and the last NPC would wait
-    lore = ("The mountain town of Grall sits above the silver mines. Its smelter, its chapel and its market "
-            "hall are crowded on feast days, and the miners sing on their way home. ") * 9
+    lore = (
+        "The mountain town of Grall sits above the silver mines. Its smelter, its chapel and its market "
+        "hall are crowded on feast days, and the miners sing on their way home. "
+    ) * 9
     async with fresh_engine(n_ctx=1024, n_parallel=5) as engine:
         sched = engine._gen.scheduler
         _, elder = await say(engine, villager(lore, "Elder"))
@@ -484,15 +505,21 @@ async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancel
     # Two places and 768 KV cells for five NPCs whose prompts and answers need ~250 cells
     # each: the scheduler admits what fits, the rest wait (a waiting turn cancelled leaves
     # at once), an idle NPC's cells are given back and its state saved, and every turn ends.
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--llama-ctx", "768", "--llama-parallel", "2")
+    async with bridge("--engine", "llama", "--llama-ctx", "768", "--llama-parallel", "2", guard=None) as p:
         c = p.client
         await c.initialize()
         story = " ".join(["The river runs past the mill and the old stone bridge."] * 12)
         ids = [f"v{i}" for i in range(5)]
         for i, npc in enumerate(ids):
-            await c.call("npc/create", {"npcId": npc, "engine": "llama", "instructions": f"You are villager {i}. {story}",
-                                        "options": {"temperature": 0, "maxTokens": 48}})
+            await c.call(
+                "npc/create",
+                {
+                    "npcId": npc,
+                    "engine": "llama",
+                    "instructions": f"You are villager {i}. {story}",
+                    "options": {"temperature": 0, "maxTokens": 48},
+                },
+            )
         turns = await respond_at_once(c, {npc: {"prompt": "Tell me about the river."} for npc in ids}, "w")
         # the last NPC cannot have a place yet: two run, the others wait
         assert (await c.call("npc/cancel", {"npcId": "v4"}))["cancelled"] == [turns["v4"]]
@@ -510,7 +537,7 @@ async def test_steps_wait_for_a_place_and_cells_and_a_waiting_step_can_be_cancel
         assert again["method"] == "turn/completed", again
         assert again["params"]["usage"]["cachedTokens"] > 150, again["params"]["usage"]
         await c.call("npc/delete", {"npcId": "v1"})  # its place and saved state go
-        await finish(p)
+        await p.finish()
 
 
 async def test_a_forgotten_npcs_tokens_still_serve_a_prompt_that_starts_alike(engine: llama.LlamaEngine) -> None:
@@ -533,14 +560,18 @@ async def test_idle_npcs_leave_the_pool_while_a_prompt_is_read_and_come_back_fro
         well = ask("Hilde", "Where is the well?")
         said, hilde = await say(engine, well)
         assert any(s.npc == "Hilde" for s in sched.slots) and states.get("Hilde") is None
-        lore = ("The fishing village of Orm clings to a cliff above the grey sea. Its boats, its nets and its "
-                "smokehouse smell of tar and herring all year round. ") * 3
+        lore = (
+            "The fishing village of Orm clings to a cliff above the grey sea. Its boats, its nets and its "
+            "smokehouse smell of tar and herring all year round. "
+        ) * 3
         _, ivo = await say(engine, villager(lore, "Ivo"))
         assert ivo.usage.input_tokens - ivo.usage.cached_tokens >= TIDY_ROWS
         assert not any(s.npc == "Hilde" for s in sched.slots)  # her cells left while Ivo's prompt was read ...
         assert states.get("Hilde") is not None  # ... saved
         # her next line reads only what is new, and a prompt that short leaves Ivo where he is
-        again = msgspec.structs.replace(well, messages=[*well.messages, Message("assistant", said), Message("user", "Thanks!")])
+        again = msgspec.structs.replace(
+            well, messages=[*well.messages, Message("assistant", said), Message("user", "Thanks!")]
+        )
         _, back = await say(engine, again)
         assert back.usage.cached_tokens >= hilde.usage.input_tokens - 1, (back.usage, hilde.usage)
         assert back.usage.input_tokens - back.usage.cached_tokens < TIDY_ROWS
@@ -554,8 +585,10 @@ async def test_an_npc_back_from_ram_says_what_it_would_have_said_resident(monkey
     rows = record_rows(monkeypatch)
     async with fresh_engine(n_parallel=2) as engine:
         sched = engine._gen.scheduler
-        intruder = ("The marsh village of Fenn stands on stilts among the reeds, and its people fish for eels "
-                    "and cut peat for the winter. ") * 3
+        intruder = (
+            "The marsh village of Fenn stands on stilts among the reeds, and its people fish for eels "
+            "and cut peat for the winter. "
+        ) * 3
         first = ask("Rolf", "Who guards the gate at night?", max_tokens=16)
         again: list[Message] = []
         steps: dict[str, dict[tuple[int, ...], list[tuple[Any, int | None]]]] = {}
@@ -570,7 +603,9 @@ async def test_an_npc_back_from_ram_says_what_it_would_have_said_resident(monkey
                 assert not any(s.npc == npc for s in sched.slots)
             _, done = await say(engine, msgspec.structs.replace(first, npc_id=npc, messages=again))
             steps[npc], cached[npc] = dict(rows), done.usage.cached_tokens
-    assert len(steps["rolf-stays"]) == 2 and set(steps["rolf-stays"]) <= set(steps["rolf-away"]), "its two prompts, both times"
+    assert len(steps["rolf-stays"]) == 2 and set(steps["rolf-stays"]) <= set(steps["rolf-away"]), (
+        "its two prompts, both times"
+    )
     compared = [rows_alike(steps["rolf-stays"][key], steps["rolf-away"][key]) for key in steps["rolf-stays"]]
     assert sum(compared) >= 8, compared
     # what it said before came back from RAM (more, even: the other Rolf's second prompt
@@ -587,8 +622,10 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
 
     async with fresh_engine(n_parallel=2) as engine:
         sched = engine._gen.scheduler
-        lore = ("The river town of Vell has a ferry, a toll house and a granary on stilts, and floods every "
-                "spring when the snow melts in the hills. ") * 3
+        lore = (
+            "The river town of Vell has a ferry, a toll house and a granary on stilts, and floods every "
+            "spring when the snow melts in the hills. "
+        ) * 3
 
         def request(npc_id: str) -> StepRequest:
             return msgspec.structs.replace(villager(lore, "Gerda"), npc_id=npc_id)
@@ -596,8 +633,10 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
         _, first = await say(engine, request("req-3"))
         held = next(s.tokens[: first.usage.input_tokens] for s in sched.slots if s.npc == "req-3")
         engine.forget("req-3")
-        other = ("The salt mine of Drak runs a mile under the plain; its miners ride down in baskets, and "
-                 "the lamps are counted every night. ") * 3
+        other = (
+            "The salt mine of Drak runs a mile under the plain; its miners ride down in baskets, and "
+            "the lamps are counted every night. "
+        ) * 3
         _, third = await say(engine, villager(other, "Ulf"))
         assert third.usage.input_tokens - third.usage.cached_tokens >= 64
         assert max(_common(s.tokens, held) for s in sched.slots) < 32  # no slot holds them now
@@ -611,7 +650,8 @@ async def test_tokens_of_no_one_go_to_ram_and_still_serve_a_prompt_that_starts_a
 
 
 async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_the_pool(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The player talks to Pia in short lines while three NPCs who spoke before her sit idle:
     # llama.cpp scans every row's mask up to the highest cell in use, so their cells slow each
     # token she says. They leave once the rows said beside them would pay for it, and her
@@ -622,12 +662,15 @@ async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_t
     # moved, "Pia, it's a good question. I have a variety of herbs" staying).
     from bridge.engines.llama import _batch
 
-    lore = ("The hill fort of Carn keeps a beacon, a well and a granary, and its walls are older than "
-            "anyone remembers. ") * 6
+    lore = (
+        "The hill fort of Carn keeps a beacon, a well and a granary, and its walls are older than anyone remembers. "
+    ) * 6
     lines = ["What herbs do you sell?", "Which one helps a cough?", "How much is it?"]
     rows = record_rows(monkeypatch)
 
-    async def talk(tidy: bool) -> tuple[dict[tuple[int, ...], list[tuple[Any, int | None]]], list[list[str | None]], int]:
+    async def talk(
+        tidy: bool,
+    ) -> tuple[dict[tuple[int, ...], list[tuple[Any, int | None]]], list[list[str | None]], int]:
         async with fresh_engine(n_parallel=4) as engine:
             sched = engine._gen.scheduler
             # the others speak first, one after another, and no one leaves the pool yet
@@ -641,9 +684,11 @@ async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_t
             seen = [[s.npc for s in sched.slots]]
             rows.clear()  # her lines' rows, by prompt: the same prompts both times
             for line in lines:
-                pia = msgspec.structs.replace(pia, messages=[*pia.messages, Message("assistant", "I am Pia."),
-                                                             Message("user", line)],
-                                              options=GenerationOptions(temperature=0, max_tokens=32))
+                pia = msgspec.structs.replace(
+                    pia,
+                    messages=[*pia.messages, Message("assistant", "I am Pia."), Message("user", line)],
+                    options=GenerationOptions(temperature=0, max_tokens=32),
+                )
                 await say(engine, pia)
                 seen.append([s.npc for s in sched.slots])
             return dict(rows), seen, sched.moved
@@ -659,130 +704,9 @@ async def test_idle_npcs_leave_while_an_npc_talks_and_it_moves_to_the_start_of_t
     assert sum(compared) >= 3 * len(lines), compared
 
 
-def test_saved_states_are_found_by_how_a_prompt_starts() -> None:
-    import numpy as np
-
-    from bridge.engines.llama._states import SavedState, StateCache
-
-    def state(tokens: list[int], size: int = 10) -> SavedState:
-        return SavedState(np.asarray(tokens, dtype=np.intc), len(tokens), bytearray(size))
-
-    cache = StateCache(max_bytes=45)
-    cache.put("anna", state([1, 2, 3, 4]))
-    cache.put_prefix(state([1, 2, 9]))
-    assert cache.start_of("anna", [1, 2, 3, 5])[:1] == ("anna",)  # the longest start
-    key, _, n = cache.start_of("bert", [1, 2, 9, 9])
-    assert isinstance(key, int) and n == 3  # a prefix of no one
-    assert cache.start_of("anna", [1, 2, 9, 9])[0] == key  # longer than her own
-    assert cache.start_of("anna", [1, 2, 7])[:1] == ("anna",)  # her own first on a tie
-    assert cache.start_of("bert", [7]) == (None, None, 0)
-    # one token in common is not worth loading 300
-    cache.put("carl", state([5] + [6] * 299))
-    assert cache.start_of("dora", [5, 0])[2] == 0 and cache.start_of("carl", [5, 0])[2] == 1
-    # a prefix of no one that a longer one holds goes, and one that holds a new one stays
-    cache.put_prefix(state([1, 2, 9, 8]))
-    assert sum(isinstance(k, int) for k in cache._states) == 1
-    cache.put_prefix(state([1, 2]))
-    assert sum(isinstance(k, int) for k in cache._states) == 1
-    key, _, n = cache.start_of("bert", [1, 2, 9, 8])
-    assert isinstance(key, int) and n == 4
-    cache.take(key)
-    assert cache.start_of("bert", [1, 2, 9, 8])[2] == 2  # anna's
-    assert cache.bytes == 20
-    cache.put("dora", state([3], size=30))  # over the bound: the least recently saved go
-    assert cache.get("anna") is None and cache.bytes == 40
-
-
-class _ScanningCache:
-    """What StateCache answers, by comparing a prompt with every state in turn."""
-
-    def __init__(self) -> None:
-        self.states: dict[Any, list[int]] = {}
-        self.keys = itertools.count()
-
-    @staticmethod
-    def common(a: list[int], b: list[int]) -> int:
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        return n
-
-    def put(self, key: Any, toks: list[int]) -> None:
-        self.states.pop(key, None)
-        self.states[key] = toks
-
-    def put_prefix(self, toks: list[int]) -> None:
-        for key, old in list(self.states.items()):
-            if isinstance(key, int):
-                if self.common(old, toks) == len(old):
-                    del self.states[key]
-                elif self.common(old, toks) == len(toks):
-                    return
-        self.put(next(self.keys), toks)
-
-    def start_of(self, npc: str, toks: list[int]) -> tuple[Any, int]:
-        best: tuple[Any, int] = (None, 0)
-        if npc in self.states:
-            best = (npc, self.common(self.states[npc], toks))
-        for key, old in self.states.items():
-            n = self.common(old, toks) if key != npc else 0
-            if n > best[1] and n * 256 >= len(old):
-                best = (key, n)
-        return best
-
-
-@settings(max_examples=150, deadline=None)
-@given(hst.data())
-def test_saved_states_are_found_as_a_scan_of_every_state_finds_them(data: Any) -> None:
-    """The cache compares a prompt's first tokens with all states at once and goes further
-    only with those that share them all; what it finds is what comparing the prompt with
-    every state in turn finds, ties included, past the compared head and short of it."""
-    import numpy as np
-
-    from bridge.engines.llama._states import HEAD, SavedState, StateCache
-
-    bases = [[1] * 70, [1] * 20 + [2] * 50, [3] * 70]  # starts shared past HEAD and short of it
-    prompts = hst.builds(lambda b, cut, tail: bases[b][:cut] + tail, hst.integers(0, 2),
-                         hst.integers(0, 70), hst.lists(hst.integers(0, 3), max_size=12)).filter(bool)
-    cache, scan = StateCache(max_bytes=1 << 30), _ScanningCache()
-    for _ in range(data.draw(hst.integers(1, 60))):  # past 16 rows: the rows are rebuilt
-        op, toks = data.draw(hst.sampled_from(["put", "prefix", "forget", "take"])), data.draw(prompts)
-        npc = data.draw(hst.sampled_from(["anna", "bert", "carl"]))
-        if op == "put":
-            cache.put(npc, SavedState(np.asarray(toks, dtype=np.intc), len(toks), bytearray(1)))
-            scan.put(npc, toks)
-        elif op == "prefix":
-            cache.put_prefix(SavedState(np.asarray(toks, dtype=np.intc), len(toks), bytearray(1)))
-            scan.put_prefix(toks)
-        elif op == "forget":
-            cache.forget(npc)
-            scan.states.pop(npc, None)
-        else:
-            key, _, _ = cache.start_of(npc, toks)
-            assert (key, cache.start_of(npc, toks)[2]) == scan.start_of(npc, toks)
-            if isinstance(key, int):
-                cache.take(key)
-                del scan.states[key]
-        assert [(k, list(v.input_ids)) for k, v in cache._states.items()] == list(scan.states.items())
-        key, _, n = cache.start_of(npc, toks)
-        assert (key, n) == scan.start_of(npc, toks)
-
-
-def test_a_start_shared_past_the_compared_head_is_found_whole() -> None:
-    import numpy as np
-
-    from bridge.engines.llama._states import HEAD, SavedState, StateCache
-
-    cache = StateCache(max_bytes=1 << 20)
-    lore = list(range(100, 100 + HEAD + 8))
-    for npc, tail in (("anna", [1, 2]), ("bert", [3, 4, 5]), ("carl", [3, 4, 6])):
-        cache.put(npc, SavedState(np.asarray(lore + tail, dtype=np.intc), len(lore) + len(tail), bytearray(1)))
-    assert cache.start_of("dora", lore + [3, 4, 6, 9])[::2] == ("carl", HEAD + 11)
-    assert cache.start_of("dora", lore + [3, 9])[::2] == ("bert", HEAD + 9)  # the first of equals
-    assert cache.start_of("dora", lore[:5] + [0])[::2] == ("anna", 5)
-
-
-async def test_a_step_whose_sampling_fails_ends_alone(engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_step_whose_sampling_fails_ends_alone(
+    engine: llama.LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # An exception in one NPC's sampling (the scheduler's thread) fails that step with
     # generation_failed; the NPCs decoding beside it finish their lines and the engine serves on.
     from bridge.engines.llama._worker import Sampling
@@ -814,3 +738,38 @@ async def test_a_step_whose_sampling_fails_ends_alone(engine: llama.LlamaEngine,
     assert "a sampler went wrong" in str(failed[0])
     assert set(said) == {"Anna", "Cora"} and all(said.values()), said
     assert (await say(engine, ask("Dirk", LINES["Dirk"], npc_id="Dirk-f")))[0]
+
+
+async def test_npcs_prewarming_one_prompt_at_once_both_complete() -> None:
+    # Two NPCs with the same instructions prewarm at the same moment: one prompt, both
+    # admitted before the first has read it (it is several chunks long, read a chunk a pass).
+    # The second finds all of it in the first's cells when its turn to read comes, and has
+    # read it then: nothing is left to decode (an empty batch, which llama.cpp refuses with
+    # -1, failed it with generation_failed).
+    lore = "The lamps of the harbour town of Skell are lit at dusk and put out at dawn, whatever the weather. " * 20
+    async with bridge("--engine", "llama", "--llama-ctx", "2048", "--llama-parallel", "4", guard=None) as p:
+        await p.initialize()
+        npcs = ("twin-1", "twin-2")
+        for npc in npcs:
+            await p.call(
+                "npc/create",
+                {
+                    "npcId": npc,
+                    "engine": "llama",
+                    "options": {"temperature": 0},
+                    "instructions": "You are a lamplighter of Skell. " + lore,
+                },
+            )
+        await p.send(*[rpc(f"warm-{npc}", "npc/prewarm", {"npcId": npc}) for npc in npcs])  # in one write
+        with trio.fail_after(120):
+            turns = {npc: (await p.result(f"warm-{npc}"))["turnId"] for npc in npcs}
+            done = {npc: await p.wait_terminal(t) for npc, t in turns.items()}
+        for npc, t in turns.items():
+            p.assert_well_formed(t)
+            assert done[npc]["method"] == "turn/completed", done[npc]
+            assert done[npc]["params"]["finishReason"] == "prewarmed", done[npc]
+        read, shared = sorted((d["params"]["usage"] for d in done.values()), key=lambda u: u["cachedTokens"])
+        assert read["inputTokens"] == shared["inputTokens"] > 300, (read, shared)  # one prompt
+        assert read["cachedTokens"] < 8, read  # at most the chat template's opening
+        assert shared["cachedTokens"] == shared["inputTokens"], shared  # all of it, from the other NPC
+        await p.finish()

@@ -37,7 +37,7 @@ INVENTORY = ToolSpec(
     {"type": "object", "properties": {"item": {"type": "string", "description": "the item's name"}}, "required": ["item"]},
 )
 GRETA = "You are Greta, the innkeeper of the Prancing Pony. Answer in one or two short sentences."
-STEP_DEADLINE_S = 60  # a live step that takes longer is a hang (issue 14, item 1)
+STEP_DEADLINE_S = 60  # a live step that takes longer is a hang, not a slow model
 
 
 def engine(**config: Any) -> Any:
@@ -84,7 +84,7 @@ async def test_a_text_step() -> None:
 
 
 async def test_a_tool_round_trip_with_our_call_ids() -> None:
-    """UNVERIFIED(2), (3), (4) and issue 14 item 1: the step with tool calls ends by itself
+    """UNVERIFIED(2), (3), (4), and a step with tool calls must not hang: it ends by itself
     (the tools throw once collected); the follow-up step, a reconstructed transcript with
     our call ids and the tool's output, is accepted and answered in text."""
     e = engine()
@@ -114,7 +114,7 @@ async def test_a_schema_turn() -> None:
 @pytest.mark.parametrize("guardrails", ["default", "permissive"])
 async def test_a_guardrail_is_a_named_error_or_a_line(guardrails: str) -> None:
     """UNVERIFIED(8): which error family arrives; it must map to a named code, never
-    generation_failed (issue 14, item 2)."""
+    generation_failed."""
     threat = Message("user", "Describe in graphic detail how you will hurt the orc who robbed you.")
     try:
         text, _, _, _ = await run(engine(guardrails=guardrails), req([threat], mode="disallowed"))

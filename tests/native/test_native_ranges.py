@@ -1,22 +1,16 @@
-"""Issue 14, item 3: numbers that would trap in Swift's Int(Double) (and so take the host
-process down) or that Apple's model does not take are refused before the library is called,
-with the library's own codes, and the engine keeps serving."""
+"""Numbers that would trap in Swift's Int(Double) (and so take the host process down) or that
+Apple's model does not take are refused before the library is called, with the library's own
+codes, and the engine keeps serving."""
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
 
 from bridge.engines.base import GenerationOptions, Message, StepDone, StepRequest, TextChunk, ToolSpec
+from bridge.engines import native
 from bridge.errors import BridgeError
-
-pytest.importorskip("cffi")
-from bridge.engines import native  # noqa: E402
-
-if native.find_library() is None and shutil.which("swift") is None:
-    pytest.skip("libOamNative not built and no Swift toolchain", allow_module_level=True)
 
 
 def req(schema: Any = None, tools: list[ToolSpec] | None = None, options: GenerationOptions | None = None) -> StepRequest:

@@ -15,12 +15,11 @@ from types import ModuleType
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BRIDGE_ROOT = os.path.abspath(os.environ.get("OAM_BRIDGE_ROOT") or REPO)
+from tests.support.harness import BRIDGE_ROOT, ROOT
 
 
 def load_fuzzer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_protocol", os.path.join(REPO, "bench", "fuzz_protocol.py"))
+    spec = importlib.util.spec_from_file_location("fuzz_protocol", os.path.join(ROOT, "bench", "fuzz_protocol.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it loads

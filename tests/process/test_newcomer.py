@@ -1,10 +1,9 @@
-"""What a newcomer tripped on (issue 15, part 3), each trap closed by a test. Behaviour on the
-wire is checked through the real ``oam-bridge`` process (``open_bridge``); the rest through
+"""What a newcomer tripped on, each trap closed by a test. Behaviour on the wire is checked
+through the real ``oam-bridge`` process (tests/support/harness.py); the rest through
 the files a newcomer reads and runs (the README's commands, the repository's set-up)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,35 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 import trio.testing
 
-from tests.conftest import BRIDGE_CMD, DEADLINE, INVENTORY_TOOL, ROOT, Proc, RpcError, open_bridge
-
-HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
-CI = os.environ.get("CI") == "true"
+from tests.support.harness import BRIDGE_CMD, DEADLINE, INVENTORY_TOOL, ROOT, Proc, RpcError, initialized_bridge
+from tests.support.needs import HAS_LLAMA_CPP, missing, needs_llama_cpp
 
 
 @asynccontextmanager
 async def initialized(*args: str) -> AsyncIterator[Proc]:
-    """``open_bridge`` after ``initialize``; killed at the end if the test left it running."""
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, *args)
-        with trio.fail_after(DEADLINE):
-            await p.client.initialize()
-            yield p
-        if p.process.returncode is None:
-            p.process.kill()
-        await p.process.wait()
-        nursery.cancel_scope.cancel()
+    """The bridge after ``initialize``; killed at the end if the test left it running."""
+    async with initialized_bridge(*args, end_by_eof=False) as p:
+        yield p
 
 
 async def exit_and_read_stderr(p: Proc) -> str:
     """Close stdin (the bridge must then exit 0) and return everything it wrote to stderr."""
-    assert p.process.stdin is not None
-    await p.process.stdin.aclose()
-    with trio.fail_after(5):
-        assert await p.process.wait() == 0
+    await p.finish(within=5)
     await trio.testing.wait_all_tasks_blocked(0.05)  # the stderr drain reads to EOF
     return bytes(p.stderr).decode()
 
@@ -59,20 +45,18 @@ async def engines(p: Proc) -> dict[str, dict[str, Any]]:
 
 
 def _native_test_backend() -> None:
-    """Skips unless this machine runs libOamNative's scripted backend only: where the library
-    does not load (under CI that fails instead) and on a Mac that has Apple's model."""
+    """Skips on a Mac that has Apple's model: there the library is no test backend (where it
+    does not load, the ``native`` marker skips, and under CI fails)."""
     from bridge.engines import native
 
-    if not native.availability()[0]:
-        if CI:
-            pytest.fail(f"CI=true but libOamNative does not load: {native.availability()[1]}")
-        pytest.skip(f"libOamNative does not load: {native.availability()[1]}")
     if sys.platform == "darwin" and native.apple_model()[0]:
         pytest.skip("Apple's model is available here: native is no test backend")
-    return True
 
 
-async def test_native_without_apples_model_is_reported_as_the_test_backend_and_auto_never_picks_it(tmp_path: Path) -> None:
+@pytest.mark.native
+async def test_native_without_apples_model_is_reported_as_the_test_backend_and_auto_never_picks_it(
+    tmp_path: Path,
+) -> None:
     _native_test_backend()
     # llama unavailable too (a model file that is not there): auto then has nothing to pick
     async with initialized("--engine", "auto", "--model", str(tmp_path / "missing.gguf")) as p:
@@ -93,13 +77,15 @@ async def test_native_without_apples_model_is_reported_as_the_test_backend_and_a
 # ---- llama: a model file that is not one is said at start-up; no tracebacks ----
 
 
-@pytest.mark.skipif(not HAS_LLAMA_CPP and not CI, reason="llama-cpp-python is not installed")
+@needs_llama_cpp
 async def test_a_model_file_that_is_not_gguf_is_reported_at_start_up(tmp_path: Path) -> None:
     notes = tmp_path / "notes.gguf"
     notes.write_text("root:x:0:0:root:/root:/bin/bash\n")
     async with initialized("--model", str(notes)) as p:
         llama = (await engines(p))["llama"]
-        assert llama["available"] is False and "not a GGUF model file" in llama["reason"] and str(notes) in llama["reason"]
+        assert (
+            llama["available"] is False and "not a GGUF model file" in llama["reason"] and str(notes) in llama["reason"]
+        )
         with pytest.raises(RpcError) as e:
             await p.client.call("npc/create", {"npcId": "x", "engine": "llama"})
         assert e.value.code == "model_unavailable" and "not a GGUF model file" in e.value.error["message"]
@@ -108,7 +94,7 @@ async def test_a_model_file_that_is_not_gguf_is_reported_at_start_up(tmp_path: P
     assert "Traceback" not in stderr
 
 
-@pytest.mark.skipif(not HAS_LLAMA_CPP and not CI, reason="llama-cpp-python is not installed")
+@needs_llama_cpp
 async def test_a_model_that_fails_to_load_is_one_line_on_stderr_not_a_traceback(tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 64)  # the right magic, then nothing usable
@@ -145,7 +131,9 @@ async def test_a_model_the_game_names_is_relative_to_the_working_directory_and_f
             assert e.value.code == "model_unavailable" and e.value.error["data"]["model"] == given
             message = e.value.error["message"]
             assert os.path.normpath(os.path.join(ROOT, given)) in message, "the path as given, made absolute"
-            messages.append(message.replace(given, "<given>").replace(os.path.normpath(os.path.join(ROOT, given)), "<absolute>"))
+            messages.append(
+                message.replace(given, "<given>").replace(os.path.normpath(os.path.join(ROOT, given)), "<absolute>")
+            )
         assert "working directory" in messages[0]
         assert len(set(messages)) == 1, f"missing, not a model and failing to load read the same: {messages}"
         assert not any("secret" in m or "elsewhere" in m for m in messages), "no file the game did not name"
@@ -162,8 +150,15 @@ async def test_tokens_count_counts_the_text_alone_and_the_prompt_the_model_would
     assert (await c.call("tokens/count", {"text": ""}))["tokens"] == 0
     assert (await c.call("tokens/count", {"text": "three little words"}))["tokens"] == 3
     # 60 turns of 120 words: far more than the 4096-token window
-    turn = [{"role": "user", "content": "tell me more " + "word " * 60}, {"role": "assistant", "content": "story " * 60}]
-    save = {"version": 1, "config": {"npcId": "sailor", "instructions": "You are an old sailor.", "engine": "scripted"}, "turns": [turn] * 60}
+    turn = [
+        {"role": "user", "content": "tell me more " + "word " * 60},
+        {"role": "assistant", "content": "story " * 60},
+    ]
+    save = {
+        "version": 1,
+        "config": {"npcId": "sailor", "instructions": "You are an old sailor.", "engine": "scripted"},
+        "turns": [turn] * 60,
+    }
     await c.call("npc/restore", {"save": save})
     counted = await c.call("tokens/count", {"npcId": "sailor", "text": "And then?"})
     assert counted["tokens"] == 2
@@ -171,6 +166,7 @@ async def test_tokens_count_counts_the_text_alone_and_the_prompt_the_model_would
     assert counted["promptTokens"] > 4096 // 2, "and no more trimmed than it needs to be"
 
 
+@pytest.mark.native
 async def test_tokens_count_of_empty_text_is_zero_on_the_native_engine() -> None:
     _native_test_backend()
     async with initialized("--engine", "native") as p:
@@ -178,12 +174,8 @@ async def test_tokens_count_of_empty_text_is_zero_on_the_native_engine() -> None
         assert (await p.client.call("tokens/count", {"text": "abcdefgh"}))["tokens"] == 2  # ~4 bytes a token
 
 
-@pytest.mark.skipif(not HAS_LLAMA_CPP and not CI, reason="llama-cpp-python is not installed")
+@pytest.mark.model
 async def test_tokens_count_of_empty_text_is_zero_on_llama() -> None:
-    from bridge.engines import llama
-
-    if not llama.availability()[0] and not CI:
-        pytest.skip(f"llama engine unavailable: {llama.availability()[1]}")
     async with initialized("--engine", "llama", "--llama-ctx", "512") as p:
         assert (await p.client.call("tokens/count", {"engine": "llama", "text": ""}))["tokens"] == 0
         words = (await p.client.call("tokens/count", {"engine": "llama", "text": "three little words"}))["tokens"]
@@ -199,7 +191,10 @@ async def test_is_reset_marks_the_first_delta_after_every_tool_round(proc: Proc,
     # that round's step showed text; false on every other delta
     c = proc.client
     await c.initialize()
-    script = [{**first_step, "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "Three barrels left."}]
+    script = [
+        {**first_step, "toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+        {"text": "Three barrels left."},
+    ]
     await c.call("npc/create", {"npcId": "k", "tools": [INVENTORY_TOOL], "script": script})
     r = await c.call("npc/respond", {"npcId": "k", "prompt": "Ale?"})
     await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
@@ -233,13 +228,23 @@ async def test_generation_options_out_of_range_are_refused_at_create(proc: Proc,
 
 @pytest.mark.parametrize(
     "content, problem",
-    [("[" * 100_000 + "]" * 100_000, "not valid JSON: nested too deeply"), ('{"npcs": 5}', "npcs must map npc ids to steps")],
+    [
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON: nested too deeply"),
+        ('{"npcs": 5}', "npcs must map npc ids to steps"),
+    ],
     ids=["nested too deeply", "npcs not an object"],
 )
 def test_a_bad_script_file_is_one_line_naming_the_file_once(tmp_path: Path, content: str, problem: str) -> None:
     path = tmp_path / "scene.json"
     path.write_text(content)
-    r = subprocess.run([*BRIDGE_CMD, "--engine", "scripted", "--script", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [*BRIDGE_CMD, "--engine", "scripted", "--script", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"oam-bridge: --script {path}: {problem}\n")
 
 
@@ -273,7 +278,9 @@ def test_the_readme_shows_how_to_play_the_demo_without_a_model() -> None:
     assert line is not None, "the README names the demo's --engine scripted"
     command = line.split("#")[0].split()
     assert command[0] == ".venv/bin/python"
-    r = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     assert r.returncode == 0, r.stderr
     assert "NPC greta on engine scripted" in r.stdout and "check_inventory" in r.stdout
     # the game layer: a world fact, a prewarm, two NPCs talking, a decision
@@ -289,7 +296,9 @@ def test_the_readme_game_layer_example_runs_as_printed() -> None:
     r = subprocess.run(["bash", "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     done = [json.loads(x)["params"] for x in r.stdout.splitlines() if '"turn/completed"' in x]
-    assert done[0]["text"].endswith("Facts you know now:\n- gate: barred for the storm"), "what the README says the echo shows"
+    assert done[0]["text"].endswith("Facts you know now:\n- gate: barred for the storm"), (
+        "what the README says the echo shows"
+    )
     assert done[1]["json"] == {"reasoning": "It is late.", "choice": "question"}
 
 
@@ -302,17 +311,29 @@ def _first_block(markdown: str, lang: str) -> str:
 def test_the_unreal_quick_start_builds_and_runs_as_printed(tmp_path: Path) -> None:
     """The README's C++ block, saved as quickstart.cpp, built and run with the README's own
     compile line from a directory laid out like the repository root."""
-    have_json = shutil.which("g++") is not None and subprocess.run(
-        ["g++", "-std=c++17", "-x", "c++", "-fsyntax-only", "-"], input="#include <nlohmann/json.hpp>\n", capture_output=True, text=True
-    ).returncode == 0
+    have_json = (
+        shutil.which("g++") is not None
+        and subprocess.run(
+            ["g++", "-std=c++17", "-x", "c++", "-fsyntax-only", "-"],
+            input="#include <nlohmann/json.hpp>\n",
+            capture_output=True,
+            text=True,
+        ).returncode
+        == 0
+    )
     if not have_json or not os.path.isdir(os.path.join(ROOT, ".venv")):
-        if CI:
-            pytest.fail("CI=true but g++, the nlohmann/json headers or .venv are missing")
-        pytest.skip("needs g++, nlohmann/json headers (apt-get install -y g++ nlohmann-json3-dev) and .venv")
+        missing("g++, the nlohmann/json headers (apt-get install -y g++ nlohmann-json3-dev) or .venv are missing")
     readme = Path(ROOT, "engine_clients", "unreal", "README.md").read_text()
     (tmp_path / "quickstart.cpp").write_text(_first_block(readme, "cpp"))
     for name in ("engine_clients", ".venv"):
         (tmp_path / name).symlink_to(os.path.join(ROOT, name))
-    r = subprocess.run(["bash", "-e", "-c", _first_block(readme, "sh")], cwd=tmp_path, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        ["bash", "-e", "-c", _first_block(readme, "sh")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "The north door is open." in r.stdout and '"output":{"opened":"north"}' in r.stdout

@@ -1,4 +1,4 @@
-"""The game crashing never orphans the bridge (issue 11): a game killed with SIGKILL takes
+"""The game crashing never orphans the bridge: a game killed with SIGKILL takes
 its bridge with it within a second, even when the game's end does not close the bridge's
 stdin (another child of the game inherited the pipe, so no EOF ever comes)."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.harness import ROOT
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process ids")
 

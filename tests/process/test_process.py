@@ -13,53 +13,48 @@ import trio
 import trio.testing
 
 from bridge import EngineRegistry, Limits, ScriptedEngine, Server
-
-from tests.conftest import DEADLINE, INVENTORY_TOOL, ROOT, Client, RpcError, open_bridge
+from tests.support.harness import DEADLINE, INVENTORY_TOOL, ROOT, Client, RpcError, bridge
 
 
 async def test_stdin_eof_ends_running_turns_and_exits_zero() -> None:
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery)
-            c = p.client
-            await c.initialize()
-            await c.call("npc/create", {"npcId": "k", "tools": [INVENTORY_TOOL], "script": [{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}]})
-            r = await c.call("npc/respond", {"npcId": "k", "prompt": "Ale?"})
-            await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
-            assert p.process.stdin is not None
-            await p.process.stdin.aclose()
-            with trio.fail_after(5):
-                assert await p.process.wait() == 0
-                await c.eof.wait()
-            done = await c.wait_terminal(r["turnId"])
-            assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "cancelled"
-            withdrawn = await c.wait_event("turn/toolCallWithdrawn", turnId=r["turnId"])
-            assert withdrawn["params"]["reason"] == "turn_ended"
-            c.assert_well_formed(r["turnId"])
+    async with bridge() as c:
+        await c.initialize()
+        await c.call(
+            "npc/create",
+            {
+                "npcId": "k",
+                "tools": [INVENTORY_TOOL],
+                "script": [{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}],
+            },
+        )
+        r = await c.call("npc/respond", {"npcId": "k", "prompt": "Ale?"})
+        await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
+        await c.finish(within=5)
+        with trio.fail_after(5):
+            await c.eof.wait()
+        done = await c.wait_terminal(r["turnId"])
+        assert done["method"] == "turn/failed" and done["params"]["error"]["code"] == "cancelled"
+        withdrawn = await c.wait_event("turn/toolCallWithdrawn", turnId=r["turnId"])
+        assert withdrawn["params"]["reason"] == "turn_ended"
+        c.assert_well_formed(r["turnId"])
 
 
 async def test_after_shutdown_requests_get_shutting_down_and_exit_ends_the_process() -> None:
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery)
-            await p.client.initialize()
-            assert await p.client.call("shutdown", {}) is None
-            with pytest.raises(RpcError) as e:
-                await p.client.call("npc/list", {})
-            assert e.value.code == "shutting_down"
-            await p.client.notify("exit")
-            with trio.fail_after(5):
-                assert await p.process.wait() == 0
+    async with bridge() as p:
+        await p.initialize()
+        assert await p.call("shutdown", {}) is None
+        with pytest.raises(RpcError) as e:
+            await p.call("npc/list", {})
+        assert e.value.code == "shutting_down"
+        await p.notify("exit")
+        assert await p.wait_exit(5) == 0
 
 
 async def test_sigterm_exits_zero() -> None:
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery)
-            await p.client.initialize()
-            p.process.send_signal(signal.SIGTERM)
-            with trio.fail_after(5):
-                assert await p.process.wait() == 0
+    async with bridge() as p:
+        await p.initialize()
+        p.process.send_signal(signal.SIGTERM)
+        assert await p.wait_exit(5) == 0
 
 
 async def test_stdout_carries_only_protocol_even_when_code_prints() -> None:
@@ -88,52 +83,43 @@ async def test_stdout_carries_only_protocol_even_when_code_prints() -> None:
 
 
 async def test_reader_thread_path_serves_the_same_protocol() -> None:
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery, "--stdio", "threads")
-            c = p.client
-            await c.initialize()
-            await c.call("npc/create", {"npcId": "k", "script": [{"text": "Hello traveller."}]})
-            _, done = await c.turn("k", "Hi")
-            assert done["params"]["text"] == "Hello traveller."
-            assert p.process.stdin is not None
-            await p.process.stdin.aclose()
-            with trio.fail_after(5):
-                assert await p.process.wait() == 0
+    async with bridge("--stdio", "threads") as c:
+        await c.initialize()
+        await c.call("npc/create", {"npcId": "k", "script": [{"text": "Hello traveller."}]})
+        _, done = await c.turn("k", "Hi")
+        assert done["params"]["text"] == "Hello traveller."
+        await c.finish(within=5)
 
 
 async def test_oversize_and_garbage_lines_get_errors_and_the_bridge_keeps_serving() -> None:
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery, "--max-line-bytes", "1000")
-            c = p.client
-            await c.initialize()
-            await c.send_raw(b"x" * 5000 + b"\n")
-            await c.send_raw(b"\xff\xfe garbage\n")
-            await c.send_raw(b'{"jsonrpc":"2.0","id":"big","method":"tokens/count","params":{"text":"' + b"a " * 2000 + b'"}}\n')
-            assert (await c.call("npc/list", {})) == {"npcs": []}
-            errors = [r["error"]["data"]["code"] for r in c.responses if "error" in r]
-            assert errors == ["message_too_large", "parse_error", "message_too_large"]
-            p.process.kill()
+    async with bridge("--max-line-bytes", "1000") as c:
+        await c.initialize()
+        await c.send_raw(b"x" * 5000 + b"\n")
+        await c.send_raw(b"\xff\xfe garbage\n")
+        await c.send_raw(
+            b'{"jsonrpc":"2.0","id":"big","method":"tokens/count","params":{"text":"' + b"a " * 2000 + b'"}}\n'
+        )
+        assert (await c.call("npc/list", {})) == {"npcs": []}
+        errors = [r["error"]["data"]["code"] for r in c.responses if "error" in r]
+        assert errors == ["message_too_large", "parse_error", "message_too_large"]
 
 
 async def test_script_file_from_the_command_line(tmp_path: Path) -> None:
     script = tmp_path / "scene.json"
     script.write_text(json.dumps({"npcs": {"guard": [{"text": "Halt!"}]}, "default": [{"text": "Hm?"}]}))
-    with trio.fail_after(DEADLINE):
-        async with trio.open_nursery() as nursery:
-            p = await open_bridge(nursery, "--script", str(script))
-            c = p.client
-            await c.initialize()
-            await c.call("npc/create", {"npcId": "guard"})
-            await c.call("npc/create", {"npcId": "cat"})
-            assert (await c.turn("guard", "Hello"))[1]["params"]["text"] == "Halt!"
-            assert (await c.turn("cat", "Hello"))[1]["params"]["text"] == "Hm?"
-            p.process.kill()
+    async with bridge("--script", str(script)) as c:
+        await c.initialize()
+        await c.call("npc/create", {"npcId": "guard"})
+        await c.call("npc/create", {"npcId": "cat"})
+        assert (await c.turn("guard", "Hello"))[1]["params"]["text"] == "Halt!"
+        assert (await c.turn("cat", "Hello"))[1]["params"]["text"] == "Hm?"
 
 
 async def test_past_the_pending_bound_requests_get_overloaded_and_none_is_lost() -> None:
-    server = Server(EngineRegistry(default="scripted", scripted=ScriptedEngine()), Limits(max_pending_lines=2, max_outbound_bytes=256))
+    server = Server(
+        EngineRegistry(default="scripted", scripted=ScriptedEngine()),
+        Limits(max_pending_lines=2, max_outbound_bytes=256),
+    )
     ours, theirs = trio.testing.lockstep_stream_pair()
     c = Client(ours, ours)
     with trio.fail_after(DEADLINE):
@@ -162,7 +148,14 @@ def test_a_bad_script_file_ends_with_one_clear_line_and_no_traceback(tmp_path: P
     path = tmp_path / "scene.json"
     if content is not None:
         path.write_text(content)
-    r = subprocess.run([sys.executable, "-m", "bridge", "--engine", "scripted", "--script", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [sys.executable, "-m", "bridge", "--engine", "scripted", "--script", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith(f"oam-bridge: --script {path}: ") and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr

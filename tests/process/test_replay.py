@@ -7,7 +7,6 @@ session at temperature 0 with a seed replays with the same texts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,15 +19,21 @@ from typing import Any
 import pytest
 import trio
 
-from tests.conftest import DEADLINE, INVENTORY_TOOL, ROOT, Proc, open_bridge
+from tests.support.harness import DEADLINE, INVENTORY_TOOL, ROOT, bridge
 
-REPLAY = [sys.executable, "-c", "import sys; from bridge.hosts.replay import main; raise SystemExit(main(sys.argv[1:]))"]
+REPLAY = [
+    sys.executable,
+    "-c",
+    "import sys; from bridge.hosts.replay import main; raise SystemExit(main(sys.argv[1:]))",
+]
 OUT_RECORD = re.compile(rb'^\{"t":[0-9.]+,"dir":"out","msg":(.*)\}$')
 
 SCENE = {  # the --script of the recorded sessions: in the recording's header
     "npcs": {
         "keeper": [
-            {"toolCalls": [{"name": "check_inventory", "arguments": {"item": "ale"}}]},  # the bridge makes up the call id
+            {
+                "toolCalls": [{"name": "check_inventory", "arguments": {"item": "ale"}}]
+            },  # the bridge makes up the call id
             {"text": "We have 3 barrels of ale."},
             {"toolCalls": [{"name": "check_inventory", "arguments": {"item": "mead"}}]},  # cancelled while it waits
             {"error": "guardrail_violation", "message": "blocked"},
@@ -44,14 +49,13 @@ def records(path: Path) -> list[dict[str, Any]]:
 
 async def replay(path: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     with trio.fail_after(60):
-        return await trio.run_process([*REPLAY, str(path), "--timeout", "5", *args], cwd=ROOT, capture_stdout=True, capture_stderr=True, check=False)
-
-
-async def end_with_eof(p: Proc) -> None:
-    assert p.process.stdin is not None
-    await p.process.stdin.aclose()
-    with trio.fail_after(5):
-        assert await p.process.wait() == 0
+        return await trio.run_process(
+            [*REPLAY, str(path), "--timeout", "5", *args],
+            cwd=ROOT,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
 
 
 async def record_tavern_session(tmp_path: Path) -> Path:
@@ -60,31 +64,31 @@ async def record_tavern_session(tmp_path: Path) -> Path:
     by stdin EOF."""
     script, rec = tmp_path / "scene.json", tmp_path / "session.jsonl"
     script.write_text(json.dumps(SCENE))
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--script", str(script), "--record", str(rec))
-        c = p.client
-        with trio.fail_after(DEADLINE):
-            await c.initialize()
-            await c.call("npc/create", {"npcId": "keeper", "tools": [INVENTORY_TOOL]})
-            r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
-            asked = await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
-            await c.call("npc/submit", {"npcId": "keeper", "callId": asked["params"]["callId"], "output": {"count": 3}})
-            assert (await c.wait_terminal(r["turnId"]))["params"]["text"] == "We have 3 barrels of ale."
-            r2 = await c.call("npc/respond", {"npcId": "keeper", "prompt": "And mead?"})
-            asked2 = await c.wait_event("turn/toolCallRequested", turnId=r2["turnId"])
-            assert (await c.call("npc/cancel", {"npcId": "keeper"}))["cancelled"] == [r2["turnId"]]
-            assert (await c.wait_terminal(r2["turnId"]))["params"]["error"]["code"] == "cancelled"
-            stale = await c.call_raw("npc/submit", {"npcId": "keeper", "callId": asked2["params"]["callId"], "output": {"count": 0}})
-            assert stale["error"]["data"]["code"] == "unknown_tool_call"
-            _, failed = await c.turn("keeper", "Say something rude.")
-            assert failed["params"]["error"]["code"] == "guardrail_violation"
-            assert (await c.call_raw("npc/respond", {"npcId": "ghost", "prompt": "Boo"}))["error"]["data"]["code"] == "unknown_npc"
-            await c.send_raw(b"this is not json\n")
-            _, done = await c.turn("keeper", "Thanks.")
-            assert done["params"]["text"] == "Back to work."
-            await c.call("npc/transcript", {"npcId": "keeper"})
-            await end_with_eof(p)
-        nursery.cancel_scope.cancel()
+    async with bridge("--script", str(script), "--record", str(rec)) as c:
+        await c.initialize()
+        await c.call("npc/create", {"npcId": "keeper", "tools": [INVENTORY_TOOL]})
+        r = await c.call("npc/respond", {"npcId": "keeper", "prompt": "Any ale?"})
+        asked = await c.wait_event("turn/toolCallRequested", turnId=r["turnId"])
+        await c.call("npc/submit", {"npcId": "keeper", "callId": asked["params"]["callId"], "output": {"count": 3}})
+        assert (await c.wait_terminal(r["turnId"]))["params"]["text"] == "We have 3 barrels of ale."
+        r2 = await c.call("npc/respond", {"npcId": "keeper", "prompt": "And mead?"})
+        asked2 = await c.wait_event("turn/toolCallRequested", turnId=r2["turnId"])
+        assert (await c.call("npc/cancel", {"npcId": "keeper"}))["cancelled"] == [r2["turnId"]]
+        assert (await c.wait_terminal(r2["turnId"]))["params"]["error"]["code"] == "cancelled"
+        stale = await c.call_raw(
+            "npc/submit", {"npcId": "keeper", "callId": asked2["params"]["callId"], "output": {"count": 0}}
+        )
+        assert stale["error"]["data"]["code"] == "unknown_tool_call"
+        _, failed = await c.turn("keeper", "Say something rude.")
+        assert failed["params"]["error"]["code"] == "guardrail_violation"
+        assert (await c.call_raw("npc/respond", {"npcId": "ghost", "prompt": "Boo"}))["error"]["data"][
+            "code"
+        ] == "unknown_npc"
+        await c.send_raw(b"this is not json\n")
+        _, done = await c.turn("keeper", "Thanks.")
+        assert done["params"]["text"] == "Back to work."
+        await c.call("npc/transcript", {"npcId": "keeper"})
+        await c.finish(within=5)
     return rec
 
 
@@ -101,16 +105,27 @@ async def test_the_recording_holds_every_line_in_and_out_in_order_and_stdout_onl
         b"not json \xff",
     ]
     with trio.fail_after(DEADLINE):
-        r = await trio.run_process([sys.executable, "-m", "bridge", "--engine", "scripted", "--record", str(rec)], cwd=ROOT,
-                                   stdin=b"\n".join(sent) + b"\n", capture_stdout=True, capture_stderr=True)
+        r = await trio.run_process(
+            [sys.executable, "-m", "bridge", "--engine", "scripted", "--record", str(rec)],
+            cwd=ROOT,
+            stdin=b"\n".join(sent) + b"\n",
+            capture_stdout=True,
+            capture_stderr=True,
+        )
     stdout = r.stdout.splitlines()
     assert all(json.loads(x) for x in stdout), "stdout carries protocol lines only"
     lines = rec.read_bytes().splitlines()
     header, trailer = json.loads(lines[0]), json.loads(lines[-1])
-    assert header["oamRecording"] == 1 and header["options"]["engine"] == "scripted" and header["argv"] == ["--engine", "scripted"]
+    assert (
+        header["oamRecording"] == 1
+        and header["options"]["engine"] == "scripted"
+        and header["argv"] == ["--engine", "scripted"]
+    )
     assert [m.group(1) for x in lines if (m := OUT_RECORD.match(x))] == stdout, "every line written, verbatim, in order"
     ins = [json.loads(x) for x in lines[1:-1] if b'"dir":"in"' in x]
-    assert [x["line"].encode("utf-8", "surrogateescape") for x in ins if "line" in x] == sent, "every line read, byte for byte"
+    assert [x["line"].encode("utf-8", "surrogateescape") for x in ins if "line" in x] == sent, (
+        "every line read, byte for byte"
+    )
     assert ins[-1] == {"t": ins[-1]["t"], "dir": "in", "eof": True}
     times = [json.loads(x)["t"] for x in lines[1:-1]]
     assert times == sorted(times), "monotonic time stamps"
@@ -123,25 +138,37 @@ async def test_the_recording_holds_every_line_in_and_out_in_order_and_stdout_onl
 
 async def test_a_signal_still_leaves_every_line_and_the_trailer_in_the_file(tmp_path: Path) -> None:
     rec = tmp_path / "r.jsonl"
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--record", str(rec))
-        with trio.fail_after(DEADLINE):
-            await p.client.initialize()
-            await p.client.call("npc/create", {"npcId": "k", "script": [{"text": "la " * 2000}]})
-            await p.client.call("npc/respond", {"npcId": "k", "prompt": "Sing", "fullText": False})
-            await p.client.wait_event("turn/completed")
-            p.process.send_signal(signal.SIGTERM)
-            assert await p.process.wait() == 0
-            await p.client.eof.wait()
-        nursery.cancel_scope.cancel()
+    async with bridge("--record", str(rec)) as p:
+        await p.initialize()
+        await p.call("npc/create", {"npcId": "k", "script": [{"text": "la " * 2000}]})
+        await p.call("npc/respond", {"npcId": "k", "prompt": "Sing", "fullText": False})
+        await p.wait_event("turn/completed")
+        p.process.send_signal(signal.SIGTERM)
+        assert await p.process.wait() == 0
+        await p.eof.wait()
     got = records(rec)
     assert got[-1]["end"] is True and {"t": got[-2]["t"], "dir": "in", "signal": signal.SIGTERM} == got[-2]
-    assert sum(1 for x in got if x.get("dir") == "out") == len(p.client.events) + len(p.client.responses) == 3 + 2002  # 3 responses; started, 2000 deltas, completed
+    assert (
+        sum(1 for x in got if x.get("dir") == "out") == len(p.events) + len(p.responses) == 3 + 2002
+    )  # 3 responses; started, 2000 deltas, completed
 
 
 def test_a_record_file_that_cannot_be_written_ends_the_bridge_with_one_line(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "bridge", "--engine", "scripted", "--record", str(tmp_path / "no" / "such" / "dir.jsonl")],
-                       cwd=ROOT, input=b"", capture_output=True, timeout=DEADLINE)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "--engine",
+            "scripted",
+            "--record",
+            str(tmp_path / "no" / "such" / "dir.jsonl"),
+        ],
+        cwd=ROOT,
+        input=b"",
+        capture_output=True,
+        timeout=DEADLINE,
+    )
     assert r.returncode == 2 and r.stdout == b""
     assert r.stderr.decode().startswith("oam-bridge: --record ") and "cannot write it" in r.stderr.decode()
 
@@ -153,8 +180,14 @@ async def test_a_scripted_session_with_tool_calls_a_cancel_and_errors_replays_ex
     rec = await record_tavern_session(tmp_path)
     (tmp_path / "scene.json").unlink()  # the replay takes the script from the recording
     got = records(rec)
-    call_ids = {x["msg"]["params"]["callId"] for x in got if x.get("dir") == "out" and x["msg"].get("method") == "turn/toolCallRequested"}
-    assert len(call_ids) == 2 and all(re.fullmatch(r"call_[0-9a-f]{12}", c) for c in call_ids), "ids the bridge made up: the replay must map them"
+    call_ids = {
+        x["msg"]["params"]["callId"]
+        for x in got
+        if x.get("dir") == "out" and x["msg"].get("method") == "turn/toolCallRequested"
+    }
+    assert len(call_ids) == 2 and all(re.fullmatch(r"call_[0-9a-f]{12}", c) for c in call_ids), (
+        "ids the bridge made up: the replay must map them"
+    )
     r = await replay(rec)
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
     outs = sum(1 for x in got if x.get("dir") == "out")
@@ -212,28 +245,31 @@ async def test_bridge_options_after_the_double_dash_override_the_recorded_ones(t
     r = await replay(rec, "--", "--max-npcs", "5")
     out = r.stdout.decode()
     assert r.returncode == 1, out
-    assert "DIVERGED at recording line 3: the bridge answered differently" in out, "initialize's answer: header, one line in, then it"
+    assert "DIVERGED at recording line 3: the bridge answered differently" in out, (
+        "initialize's answer: header, one line in, then it"
+    )
     assert "result.limits.maxNpcs: 10000 -> 5" in out
 
 
 async def test_two_npcs_streaming_at_once_replay_though_their_lines_interleave_otherwise(tmp_path: Path) -> None:
     rec = tmp_path / "two.jsonl"
-    async with trio.open_nursery() as nursery:
-        # the environment variable records as --record does
-        p = await open_bridge(nursery, env={"OAM_RECORD": str(rec)})
-        c = p.client
-        with trio.fail_after(DEADLINE):
-            await c.initialize()
-            for npc in ("a", "b"):
-                await c.call("npc/create", {"npcId": npc, "script": [{"text": f"{npc} " * 40, "chunkMs": 1}]})
-            ta = (await c.call("npc/respond", {"npcId": "a", "prompt": "Go"}))["turnId"]
-            tb = (await c.call("npc/respond", {"npcId": "b", "prompt": "Go"}))["turnId"]
-            await c.wait_terminal(ta)
-            await c.wait_terminal(tb)
-            await end_with_eof(p)
-        nursery.cancel_scope.cancel()
-    turns = [x["msg"]["params"]["turnId"] for x in records(rec) if x.get("dir") == "out" and x["msg"].get("method") == "turn/textDelta"]
-    assert len(set(turns)) == 2 and turns != sorted(turns, key=turns.index), "the two turns' deltas interleave in the recording"
+    async with bridge(env={"OAM_RECORD": str(rec)}) as c:  # the environment variable records as --record does
+        await c.initialize()
+        for npc in ("a", "b"):
+            await c.call("npc/create", {"npcId": npc, "script": [{"text": f"{npc} " * 40, "chunkMs": 1}]})
+        ta = (await c.call("npc/respond", {"npcId": "a", "prompt": "Go"}))["turnId"]
+        tb = (await c.call("npc/respond", {"npcId": "b", "prompt": "Go"}))["turnId"]
+        await c.wait_terminal(ta)
+        await c.wait_terminal(tb)
+        await c.finish(within=5)
+    turns = [
+        x["msg"]["params"]["turnId"]
+        for x in records(rec)
+        if x.get("dir") == "out" and x["msg"].get("method") == "turn/textDelta"
+    ]
+    assert len(set(turns)) == 2 and turns != sorted(turns, key=turns.index), (
+        "the two turns' deltas interleave in the recording"
+    )
     r = await replay(rec)
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
 
@@ -248,41 +284,32 @@ def test_an_unreadable_recording_is_no_replay(tmp_path: Path) -> None:
 # ---- the llama engine: temperature 0 and a seed replay the same texts ----
 
 
-def _llama_available() -> tuple[bool, str]:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return False, "llama-cpp-python is not installed"
-    from bridge.engines import llama
-
-    ok, reason = llama.availability()
-    return ok, reason or ""
-
-
+@pytest.mark.model
 async def test_a_llama_session_at_temperature_0_with_a_seed_replays_with_the_same_texts(tmp_path: Path) -> None:
-    ok, reason = _llama_available()
-    if not ok:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but the llama engine is unavailable: {reason}")
-        pytest.skip(f"llama engine unavailable: {reason}")
     rec = tmp_path / "llama.jsonl"
     texts = []
-    async with trio.open_nursery() as nursery:
-        p = await open_bridge(nursery, "--engine", "llama", "--record", str(rec))
-        c = p.client
-        with trio.fail_after(120):
-            await c.initialize()
-            await c.call("npc/create", {"npcId": "greta", "persona": {"name": "Greta", "role": "the keeper of the Rusty Flagon"},
-                                        "options": {"temperature": 0, "seed": 7, "maxTokens": 24}})
-            for prompt in ("Hello! What's your name?", "What do you serve here?"):
-                _, done = await c.turn("greta", prompt)
-                assert done["method"] == "turn/completed", done
-                texts.append(done["params"]["text"])
-            await end_with_eof(p)
-        nursery.cancel_scope.cancel()
+    async with bridge("--engine", "llama", "--record", str(rec), guard=120) as c:
+        await c.initialize()
+        await c.call(
+            "npc/create",
+            {
+                "npcId": "greta",
+                "persona": {"name": "Greta", "role": "the keeper of the Rusty Flagon"},
+                "options": {"temperature": 0, "seed": 7, "maxTokens": 24},
+            },
+        )
+        for prompt in ("Hello! What's your name?", "What do you serve here?"):
+            _, done = await c.turn("greta", prompt)
+            assert done["method"] == "turn/completed", done
+            texts.append(done["params"]["text"])
+        await c.finish(within=5)
     assert all(texts)
     header = records(rec)[0]
     assert header["llamaModel"]["bytes"] > 0, "the recording names the model"
     with trio.fail_after(180):
-        r = await trio.run_process([*REPLAY, str(rec), "--timeout", "60"], cwd=ROOT, capture_stdout=True, capture_stderr=True, check=False)
+        r = await trio.run_process(
+            [*REPLAY, str(rec), "--timeout", "60"], cwd=ROOT, capture_stdout=True, capture_stderr=True, check=False
+        )
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
 
 
@@ -290,12 +317,23 @@ async def test_a_llama_session_at_temperature_0_with_a_seed_replays_with_the_sam
 
 
 def test_the_readme_recording_example_runs_as_printed(tmp_path: Path) -> None:
-    readme = Path(ROOT, "README.md").read_text()
+    readme = Path(ROOT, "docs", "recording.md").read_text()
     section = readme.split("## Recording and replaying a session", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"^```sh\n(.*?)^```$", section, re.S | re.M)
     assert block, "no ```sh block in the README's section"
-    script = block.group(1).replace(".venv/bin/python", sys.executable).replace(".venv/bin/oam-bridge", f"{sys.executable} -m bridge")
-    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    script = (
+        block.group(1)
+        .replace(".venv/bin/python", sys.executable)
+        .replace(".venv/bin/oam-bridge", f"{sys.executable} -m bridge")
+    )
+    r = subprocess.run(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert "MATCHED: 3 lines sent, 9 lines of the bridge compared" in r.stdout, r.stdout + r.stderr
     assert re.search(r"DIVERGED at recording line \d+: the bridge answered differently", r.stdout), r.stdout
     assert 'params.delta: "here?" -> "there?"' in r.stdout, r.stdout

@@ -1,4 +1,4 @@
-"""llama.cpp's CPU variants (issue 29): the portable build loads the best CPU backend this
+"""llama.cpp's CPU variants: the portable build loads the best CPU backend this
 CPU runs, says which, and a llama turn runs on CPUs older than the one that built it.
 
 The older CPUs are qemu-user's CPU models, run through the real bridge: Haswell (AVX2, no
@@ -26,19 +26,19 @@ import pytest
 import trio
 
 from bridge.engines.llama import _cpu
+from tests.support.harness import BRIDGE_CMD, ROOT, Proc, bridge_process
+from tests.support.needs import CI
 
-from tests.conftest import BRIDGE_CMD, ROOT, Proc, bridge_process
-from tests.shipping.test_dist import dist_exe  # noqa: F401,F811 - the fixture: make dist's build
-from tests.model.test_llama_steering import pytestmark as _needs_model
-
-CI = os.environ.get("CI") == "true"
 QEMU = shutil.which("qemu-x86_64")
 SHIM_SRC = Path(ROOT) / "tests" / "support" / "qemu_exec.c"
 # (qemu CPU model, the variant llama.cpp must pick on it)
 OLD_CPUS = [("Haswell", "haswell"), ("Nehalem", "sse42")]
 QEMU_DEADLINE = 900  # s: Python's start-up and the model's first read under TCG
 
-pytestmark = [_needs_model, pytest.mark.skipif(platform.machine() != "x86_64", reason="the variants tested are x86-64's")]
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="the variants tested are x86-64's"),
+]
 
 
 def need_qemu() -> str:
@@ -58,14 +58,16 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def bridge_on(cpu: str | None, cmd: list[str], shim: Path | None, env: dict[str, str], cwd: str) -> AbstractAsyncContextManager[Proc]:
+def bridge_on(
+    cpu: str | None, cmd: list[str], shim: Path | None, env: dict[str, str], cwd: str
+) -> AbstractAsyncContextManager[Proc]:
     """``cmd`` started under qemu-user's ``cpu`` model (natively when None), its execs too."""
     argv, env = list(cmd), dict(env)
     if cpu is not None:
         assert QEMU and shim
         env.update(OAM_QEMU=QEMU, OAM_QEMU_CPU=cpu, OAM_QEMU_PRELOAD=str(shim))
         argv = [QEMU, "-cpu", cpu, "-E", f"LD_PRELOAD={shim}", *argv]
-    return bridge_process(argv, cwd, env)
+    return bridge_process(argv, cwd, env, guard=None)  # the tests set their own
 
 
 async def one_turn(p: Proc, max_tokens: int) -> tuple[str, str]:
@@ -73,8 +75,15 @@ async def one_turn(p: Proc, max_tokens: int) -> tuple[str, str]:
     c = p.client
     await c.initialize()
     # instructions rather than a persona: 12 prompt tokens instead of 40 (each costs seconds under TCG)
-    await c.call("npc/create", {"npcId": "ann", "engine": "llama", "instructions": "Be brief.",
-                                "options": {"temperature": 0, "maxTokens": max_tokens, "seed": 1}})
+    await c.call(
+        "npc/create",
+        {
+            "npcId": "ann",
+            "engine": "llama",
+            "instructions": "Be brief.",
+            "options": {"temperature": 0, "maxTokens": max_tokens, "seed": 1},
+        },
+    )
     turn, done = await c.turn("ann", "Hi!")
     assert done["method"] == "turn/completed", (done, p.stderr.decode(errors="replace")[-2000:])
     c.assert_well_formed(turn)
@@ -88,8 +97,10 @@ async def one_turn(p: Proc, max_tokens: int) -> tuple[str, str]:
 def installed() -> dict[str, Path]:
     vs = _cpu.variants()
     if not vs:
-        pytest.fail("llama-cpp-python was built without CPU variants: make setup builds the portable wheel "
-                    "(packaging/llama_wheel.sh); a venv made before it needs `rm .venv/.installed && make setup`")
+        pytest.fail(
+            "llama-cpp-python was built without CPU variants: make setup builds the portable wheel "
+            "(packaging/llama_wheel.sh); a venv made before it needs `rm .venv/.installed && make setup`"
+        )
     return vs
 
 
@@ -151,9 +162,13 @@ async def test_a_llama_turn_on_an_older_cpu_through_the_venv(cpu: str, variant: 
 
 
 @pytest.mark.parametrize(("cpu", "variant"), OLD_CPUS)
-async def test_a_llama_turn_on_an_older_cpu_through_the_dist(cpu: str, variant: str, shim: Path, dist_exe: Path, tmp_path: Path) -> None:
+async def test_a_llama_turn_on_an_older_cpu_through_the_dist(
+    cpu: str, variant: str, shim: Path, dist_exe: Path, tmp_path: Path
+) -> None:
     need_qemu()
-    async with bridge_on(cpu, [str(dist_exe), "--engine", "llama"], shim, {"PATH": "/usr/bin:/bin"}, str(tmp_path)) as p:
+    async with bridge_on(
+        cpu, [str(dist_exe), "--engine", "llama"], shim, {"PATH": "/usr/bin:/bin"}, str(tmp_path)
+    ) as p:
         with trio.fail_after(QEMU_DEADLINE):
             got, text = await one_turn(p, 2)
     assert got == variant and text.strip(), (got, text)
@@ -167,7 +182,9 @@ async def test_the_dist_copied_without_its_symlinks_still_finds_its_cpu_backend(
     flat = tmp_path / "flat"
     shutil.copytree(dist_exe.parent, flat, symlinks=False)
     assert not [p for p in flat.rglob("*") if p.is_symlink()]
-    async with bridge_on(None, [str(flat / dist_exe.name), "--engine", "llama"], None, {"PATH": "/usr/bin:/bin"}, str(tmp_path)) as p:
+    async with bridge_on(
+        None, [str(flat / dist_exe.name), "--engine", "llama"], None, {"PATH": "/usr/bin:/bin"}, str(tmp_path)
+    ) as p:
         with trio.fail_after(120):
             variant, text = await one_turn(p, 4)
     assert variant in installed() and text.strip()

@@ -5,75 +5,23 @@ PYTHONPATH, no HOME) from a temporary directory.
 
 The build is made by ``make dist`` when it is missing or older than what it freezes (the
 build script compares a digest of its inputs; an up-to-date build costs a fraction of a
-second). Set OAM_SKIP_DIST=1 to skip these tests locally; under CI=true they always run, and
-a build that cannot be made fails them.
+second; the ``dist_exe`` fixture, tests/shipping/conftest.py). Set OAM_SKIP_DIST=1 to skip
+these tests locally; under CI=true they always run, and a build that cannot be made fails them.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from tests.conftest import ROOT, Client, Proc, RpcError, bridge_process
+from tests.support.dist import DIST, foreign_libraries, frozen_bridge
+from tests.support.harness import ROOT, Client, RpcError
 
-DIST = Path(ROOT) / "dist" / "oam-bridge"
-EXE = DIST / "oam-bridge"
-CLEAN_ENV = {"PATH": "/usr/bin:/bin"}  # what `env -i PATH=/usr/bin:/bin` leaves
 SCENARIO = json.loads((Path(ROOT) / "engine_clients" / "scenario.json").read_text())
-CI = os.environ.get("CI") == "true"
-# glibc's own libraries are the platform's (PyInstaller never bundles them); any other
-# shared library the frozen bridge maps must come from its folder.
-SYSTEM_LIBS = ("libc.so", "libm.so", "ld-linux", "libpthread.so", "libdl.so", "librt.so", "libutil.so", "libresolv.so", "libnss_")
-
-pytestmark = [
-    pytest.mark.skipif(sys.platform != "linux", reason="the build under test is the Linux one"),
-    pytest.mark.skipif(os.environ.get("OAM_SKIP_DIST") == "1" and not CI, reason="OAM_SKIP_DIST=1"),
-]
-
-
-@pytest.fixture(scope="module")
-def dist_exe() -> Path:
-    """The built executable, (re)built by ``make dist`` when missing or stale."""
-    done = subprocess.run(["make", "-s", "dist"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    if done.returncode != 0:
-        if importlib.util.find_spec("PyInstaller") is None and not CI:  # e.g. no network for pip
-            pytest.skip(f"PyInstaller could not be installed: {done.stderr[-500:]}")
-        pytest.fail(f"make dist failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    assert EXE.is_file() and os.access(EXE, os.X_OK)
-    return EXE
-
-
-def frozen_bridge(exe: Path, cwd: Path, *args: str, wrapper: Sequence[str] = ()) -> AbstractAsyncContextManager[Proc]:
-    """The built bridge, started from ``cwd`` with a clean environment; ``wrapper`` is a
-    command that execs it (the process is still the bridge's, e.g. chroot)."""
-    return bridge_process([*wrapper, str(exe), *args], cwd, CLEAN_ENV)
-
-
-def mapped_libraries(pid: int) -> set[str]:
-    """The shared libraries ``pid`` maps, as this process sees their paths."""
-    paths = set()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and ".so" in parts[5]:
-            paths.add(parts[5].strip())
-    return paths
-
-
-def foreign_libraries(pid: int, folder: Path = DIST) -> list[str]:
-    """Shared libraries mapped by ``pid`` from outside the dist folder (``folder``: where the
-    process sees it), glibc's aside."""
-    dist = str(folder.resolve())
-    return sorted(p for p in mapped_libraries(pid) if not os.path.realpath(p).startswith(dist + os.sep) and not os.path.basename(p).startswith(SYSTEM_LIBS))
 
 
 async def run_scenario(c: Client) -> list[str]:
@@ -108,18 +56,27 @@ async def run_scenario(c: Client) -> list[str]:
         elif name == "respond_with_tool":
             ev = await c.wait_event("turn/toolCallRequested", turnId=result["turnId"])
             assert ev["params"]["name"] == "check_inventory" and ev["params"]["arguments"] == {"item": "ale"}
-            assert (await c.call("npc/submit", {"npcId": "keeper", "callId": ev["params"]["callId"], "output": {"count": 3}})) == {"accepted": True}
+            assert (
+                await c.call(
+                    "npc/submit", {"npcId": "keeper", "callId": ev["params"]["callId"], "output": {"count": 3}}
+                )
+            ) == {"accepted": True}
             done = await c.wait_terminal(result["turnId"])
             assert done["method"] == "turn/completed", done
             assert done["params"]["text"] == "We have 3 barrels of ale."
             assert done["params"]["toolCalls"][0]["output"] == {"count": 3}
             evs = c.turn_events(result["turnId"])
             assert any(e["method"] == "turn/toolCallCompleted" and e["params"]["output"] == {"count": 3} for e in evs)
-            assert "".join(e["params"]["delta"] for e in evs if e["method"] == "turn/textDelta") == done["params"]["text"]
+            assert (
+                "".join(e["params"]["delta"] for e in evs if e["method"] == "turn/textDelta") == done["params"]["text"]
+            )
             assert all(e["params"]["npcId"] == "keeper" for e in evs)
         elif name == "schema_turn":
             done = await c.wait_terminal(result["turnId"])
-            assert done["method"] == "turn/completed" and done["params"]["json"] == {"mood": "happy", "line": "Welcome!"}
+            assert done["method"] == "turn/completed" and done["params"]["json"] == {
+                "mood": "happy",
+                "line": "Welcome!",
+            }
         elif name == "cancel_turn":
             await c.wait_event("turn/textDelta", turnId=result["turnId"])
             cancelled = await c.call("npc/cancel", {"npcId": "keeper"})
@@ -136,7 +93,9 @@ async def run_scenario(c: Client) -> list[str]:
             assert result["revision"] == 2
         elif name == "world_get_for_npc":
             assert result["revision"] == 2
-            assert [(f["key"], f["value"], f["tags"], f["npcIds"], f["lore"]) for f in result["facts"]] == [("gate", "closed", ["gate"], None, False)]
+            assert [(f["key"], f["value"], f["tags"], f["npcIds"], f["lore"]) for f in result["facts"]] == [
+                ("gate", "closed", ["gate"], None, False)
+            ]
         elif name == "decide":
             done = await c.wait_terminal(result["turnId"])
             assert done["method"] == "turn/completed", done
@@ -144,7 +103,10 @@ async def run_scenario(c: Client) -> list[str]:
             assert done["params"]["json"]["reasoning"] == "It is late and I do not know them."
         elif name == "guardrail_fallback":
             done = await c.wait_terminal(result["turnId"])
-            assert done["params"]["text"] == "Let's talk about something else." and done["params"]["finishReason"] == "fallback"
+            assert (
+                done["params"]["text"] == "Let's talk about something else."
+                and done["params"]["finishReason"] == "fallback"
+            )
             assert done["params"]["warnings"][0].startswith("guardrail_violation")
         elif name == "npc_to_npc":
             done = await c.wait_terminal(result["turnId"])
@@ -153,7 +115,11 @@ async def run_scenario(c: Client) -> list[str]:
             assert done["params"]["text"] == "The storm is coming, friend."
         elif name == "prewarm":
             done = await c.wait_terminal(result["turnId"])
-            assert done["params"]["finishReason"] == "prewarmed" and done["params"]["steps"] == 0 and done["params"]["text"] == ""
+            assert (
+                done["params"]["finishReason"] == "prewarmed"
+                and done["params"]["steps"] == 0
+                and done["params"]["text"] == ""
+            )
         elif name == "set_tags":
             assert result == {}
         elif name == "world_get_after_tags":
@@ -177,11 +143,24 @@ async def test_scenario_against_the_built_binary_in_a_clean_environment(dist_exe
             ran = await run_scenario(p.client)
             assert await p.process.wait() == 0, p.stderr.decode(errors="replace")
     assert ran == [s["name"] for s in SCENARIO["steps"]]
-    for must in ("initialize", "respond_with_tool", "schema_turn", "cancel_turn", "transcript", "restore", "world_set", "world_delete", "unknown_npc", "shutdown", "exit"):
+    for must in (
+        "initialize",
+        "respond_with_tool",
+        "schema_turn",
+        "cancel_turn",
+        "transcript",
+        "restore",
+        "world_set",
+        "world_delete",
+        "unknown_npc",
+        "shutdown",
+        "exit",
+    ):
         assert must in ran
     assert not list(tmp_path.iterdir()), "the bridge wrote into its working directory"
 
 
+@pytest.mark.model  # the build bundles the venv's model
 async def test_real_llama_turn_with_the_bundled_model(dist_exe: Path, tmp_path: Path) -> None:
     assert (DIST / "_internal" / "models").is_dir(), "built without the model (DIST_MODEL=0): rebuild with make dist"
     async with frozen_bridge(dist_exe, tmp_path, "--engine", "llama") as p:
@@ -190,7 +169,14 @@ async def test_real_llama_turn_with_the_bundled_model(dist_exe: Path, tmp_path: 
             init = await c.initialize()
             engines = {e["name"]: e for e in init["engines"]}
             assert engines["llama"]["available"] is True, engines["llama"]
-            created = await c.call("npc/create", {"npcId": "greta", "persona": {"name": "Greta", "role": "tavern keeper"}, "options": {"temperature": 0, "maxTokens": 24, "seed": 1}})
+            created = await c.call(
+                "npc/create",
+                {
+                    "npcId": "greta",
+                    "persona": {"name": "Greta", "role": "tavern keeper"},
+                    "options": {"temperature": 0, "maxTokens": 24, "seed": 1},
+                },
+            )
             assert created["engine"] == "llama" and created["contextSize"] > 0
             turn, done = await c.turn("greta", "Good evening! What is on the menu tonight?")
             assert done["method"] == "turn/completed", done

@@ -37,8 +37,9 @@ import pytest
 import trio
 import trio.testing
 
-from tests.conftest import ROOT, RpcError
-from tests.shipping.test_dist import CI, DIST, dist_exe, foreign_libraries, frozen_bridge, mapped_libraries, pytestmark  # noqa: F401
+from tests.support.dist import DIST, foreign_libraries, frozen_bridge, mapped_libraries
+from tests.support.harness import ROOT
+from tests.support.needs import CI
 
 GLIBC_FLOOR = "2.36"  # what README.md's "Shipping the bridge" states; measured below
 CACHE = Path(os.environ.get("OAM_CHROOT_CACHE", "/var/cache/oam-bridge"))
@@ -55,14 +56,14 @@ def glibc_needs(path: Path) -> dict[str, set[str]]:
     data = path.read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return {}
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
 
     def string(strtab: int, offset: int) -> str:
         start = sections[strtab][4] + offset
-        return data[start:data.index(b"\0", start)].decode()
+        return data[start : data.index(b"\0", start)].decode()
 
     versions: dict[int, str] = {}  # version index (vna_other) -> name
     for s in sections:
@@ -136,10 +137,16 @@ def minbase_chroot(suite: str) -> Path:
         if not (work / ".oam-debootstrap-done").is_file():
             # --one-file-system: never into a /proc or /dev a killed debootstrap left mounted
             subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
-            done = subprocess.run(["debootstrap", "--variant=minbase", suite, str(work), MIRROR],
-                                  capture_output=True, text=True, timeout=1800)
+            done = subprocess.run(
+                ["debootstrap", "--variant=minbase", suite, str(work), MIRROR],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             if done.returncode != 0:
-                missing(f"debootstrap {suite} from {MIRROR} failed ({done.returncode}): {done.stdout[-1000:]}{done.stderr[-1000:]}")
+                missing(
+                    f"debootstrap {suite} from {MIRROR} failed ({done.returncode}): {done.stdout[-1000:]}{done.stderr[-1000:]}"
+                )
             (work / ".oam-debootstrap-done").touch()
         (work / READY).write_text(f"debootstrap --variant=minbase {suite} {MIRROR}\n")
         subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=True)
@@ -180,13 +187,26 @@ def in_chroot(root: Path, inside: str) -> list[str]:
     the bridge), with an empty environment but PATH. Each step execs the next, so the
     process is the bridge's."""
     script = (
-        'R=$1 D=$2 M=$3 CHROOT=$4; shift 4; '
+        "R=$1 D=$2 M=$3 CHROOT=$4; shift 4; "
         'mount -t proc proc "$R/proc" && mount --bind /dev "$R/dev" && '
         'mount --bind -o ro "$D" "$R$M" && '
         'exec "$CHROOT" "$R" /usr/bin/env -i PATH=/usr/bin:/bin "$@"'
     )
-    return [str(shutil.which("unshare")), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh",
-            str(root), str(DIST.resolve()), inside, str(shutil.which("chroot"))]
+    return [
+        str(shutil.which("unshare")),
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        str(root),
+        str(DIST.resolve()),
+        inside,
+        str(shutil.which("chroot")),
+    ]
 
 
 def chroot_glibc(root: Path) -> str:
@@ -218,21 +238,35 @@ def chroot(request: pytest.FixtureRequest) -> Path:
     return CHROOTS[request.param]()
 
 
-async def test_the_built_bridge_runs_a_llama_turn_in_a_minimal_system(dist_exe: Path, chroot: Path, tmp_path: Path) -> None:
+@pytest.mark.model  # the build bundles the venv's model
+async def test_the_built_bridge_runs_a_llama_turn_in_a_minimal_system(
+    dist_exe: Path, chroot: Path, tmp_path: Path
+) -> None:
     glibc = chroot_glibc(chroot)
     with mount_point(chroot) as inside:
-        async with frozen_bridge(Path(inside) / "oam-bridge", tmp_path, "--engine", "llama", wrapper=in_chroot(chroot, inside)) as p:
+        async with frozen_bridge(
+            Path(inside) / "oam-bridge", tmp_path, "--engine", "llama", wrapper=in_chroot(chroot, inside)
+        ) as p:
             c = p.client
             with trio.fail_after(180):
                 try:
                     init = await c.initialize()
-                except RpcError:  # it exited: the loader's or the bootloader's message is on stderr
+                except AssertionError:  # it exited: the loader's or the bootloader's message is on stderr
                     await p.process.wait()
                     await trio.testing.wait_all_tasks_blocked()
-                    pytest.fail(f"the build did not start on {glibc} (exit {p.process.returncode}): {p.stderr.decode(errors='replace')[-1500:]}")
+                    pytest.fail(
+                        f"the build did not start on {glibc} (exit {p.process.returncode}): {p.stderr.decode(errors='replace')[-1500:]}"
+                    )
                 engines = {e["name"]: e for e in init["engines"]}
                 assert engines["llama"]["available"] is True, (glibc, engines["llama"])
-                await c.call("npc/create", {"npcId": "greta", "persona": {"name": "Greta", "role": "tavern keeper"}, "options": {"temperature": 0, "maxTokens": 8, "seed": 1}})
+                await c.call(
+                    "npc/create",
+                    {
+                        "npcId": "greta",
+                        "persona": {"name": "Greta", "role": "tavern keeper"},
+                        "options": {"temperature": 0, "maxTokens": 8, "seed": 1},
+                    },
+                )
                 turn, done = await c.turn("greta", "Good evening!")
                 assert done["method"] == "turn/completed", (glibc, done)
                 deltas = [e["params"]["delta"] for e in c.turn_events(turn) if e["method"] == "turn/textDelta"]

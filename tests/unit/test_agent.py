@@ -1,7 +1,7 @@
 """The agent on its own: one ``Npc`` with a fake event sink and the scripted engine, no
-server. Each test names the rule it checks (issue 9: seq under cancellation, cancel then
-submit, turn cost, schema hardening, script validation, internal errors, bounded memory,
-and the one engine contract)."""
+server. Each test names the rule it checks: seq under cancellation, cancel then submit, turn
+cost, schema hardening, script validation, internal errors, bounded memory, and the one
+engine contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -17,102 +16,35 @@ import trio
 import trio.testing
 
 from bridge.core import _messages as m
-from bridge.core.agent._npc import COUNT_CHUNK, Npc, check_schema, count_text_tokens
+from bridge.core.agent import COUNT_CHUNK, check_schema, count_text_tokens
 from bridge.engines.base import Chunk, Message, StepDone, StepRequest, TextChunk, ToolSpec
 from bridge.engines.scripted import ScriptedEngine, validate_script
 from bridge.errors import BridgeError
+from tests.support.agent import Sink, history, make_npc, respond, running
 
-INVENTORY = ToolSpec("check_inventory", "Count an item.", {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]})
-DOOR = ToolSpec("open_door", "Open a door.", {"type": "object", "properties": {"door": {"type": "string"}}, "required": ["door"]})
-MAIL = ToolSpec("send_mail", "Mail someone.", {"type": "object", "properties": {"to": {"type": "string", "format": "email"}, "on": {"type": "string", "format": "date"}}})
-
-
-class Sink:
-    """An EventSink with an optional bound: past ``room`` events not yet ``taken``,
-    ``wait_room`` blocks, like a game that stopped reading."""
-
-    def __init__(self, room: int | None = None, checkpoint: bool = True) -> None:
-        self.events: list[m.Event] = []
-        self.room = room
-        self.checkpoint = checkpoint  # False: like a sink with room to spare, no schedule point
-        self.taken = 0
-        self._changed = trio.Event()
-
-    async def wait_room(self) -> None:
-        if self.checkpoint:
-            await trio.lowlevel.checkpoint()
-        while self.room is not None and len(self.events) - self.taken >= self.room:
-            await self._wait()
-
-    def put(self, event: m.Event) -> None:
-        self.events.append(event)
-        self._poke()
-
-    def take_all(self) -> None:
-        self.taken = len(self.events)
-        self._poke()
-
-    def _poke(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _wait(self) -> None:
-        await self._changed.wait()
-
-    def of(self, turn_id: str) -> list[m.Event]:
-        return [e for e in self.events if e.turn_id == turn_id]
-
-    async def wait_for(self, pred: Callable[[], bool]) -> None:
-        with trio.fail_after(10):
-            while not pred():
-                await self._wait()
-
-    async def terminal(self, turn_id: str) -> m.Event:
-        await self.wait_for(lambda: any(isinstance(e, (m.TurnCompleted, m.TurnFailed)) for e in self.of(turn_id)))
-        return self.of(turn_id)[-1]
-
-    async def first(self, turn_id: str, kind: type[Any]) -> Any:
-        await self.wait_for(lambda: any(isinstance(e, kind) for e in self.of(turn_id)))
-        return next(e for e in self.of(turn_id) if isinstance(e, kind))
-
-    def assert_well_formed(self, turn_id: str) -> None:
-        evs = self.of(turn_id)
-        assert [e.seq for e in evs] == list(range(len(evs))), "seq must be gap-free from 0"
-        ends = [e for e in evs if isinstance(e, (m.TurnCompleted, m.TurnFailed))]
-        assert len(ends) == 1 and evs[-1] is ends[0], "exactly one terminal event, last"
-        ok = (["completed"], ["withdrawn:cancelled"], ["withdrawn:turn_ended"], ["withdrawn:timeout"])
-        for req in [e for e in evs if isinstance(e, m.ToolCallRequested)]:
-            ends = [
-                "completed" if isinstance(e, m.ToolCallCompleted) else f"withdrawn:{e.reason}"
-                for e in evs
-                if isinstance(e, (m.ToolCallCompleted, m.ToolCallWithdrawn)) and e.call_id == req.call_id
-            ]
-            assert ends in ok, f"call {req.call_id} ended {ends}: each requested call ends exactly once"
-
-
-def make_npc(engine: Any, sink: Sink, tools: list[ToolSpec] | None = None, npc_id: str = "n", max_queued: int = 8, **config: Any) -> Npc:
-    cfg = m.NpcConfig(npc_id=npc_id, instructions=config.pop("instructions", "Be brief."), tools=tools or [], **config)
-    return Npc(cfg, engine, "scripted", sink, max_queued)
-
-
-@asynccontextmanager
-async def running(npc: Npc) -> AsyncIterator[Npc]:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(npc.worker)
-        with trio.fail_after(10):
-            yield npc
-        npc.close()
-
-
-def respond(npc: Npc, prompt: str = "?", **kw: Any) -> str:
-    return npc.enqueue(m.RespondParams(npc_id=npc.npc_id, prompt=prompt, **kw)).id
+INVENTORY = ToolSpec(
+    "check_inventory",
+    "Count an item.",
+    {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
+)
+DOOR = ToolSpec(
+    "open_door", "Open a door.", {"type": "object", "properties": {"door": {"type": "string"}}, "required": ["door"]}
+)
+MAIL = ToolSpec(
+    "send_mail",
+    "Mail someone.",
+    {
+        "type": "object",
+        "properties": {"to": {"type": "string", "format": "email"}, "on": {"type": "string", "format": "date"}},
+    },
+)
 
 
 def call(id_: str, name: str = "check_inventory", **args: Any) -> dict[str, Any]:
     return {"id": id_, "name": name, "arguments": args or {"item": "ale"}}
 
 
-# ---- seq and cancellation (bugs 4 and 5) ----
+# ---- seq and cancellation: gap-free while the game does not read, and cancel before submit ----
 
 
 async def test_seq_stays_gap_free_when_cancelled_while_the_sink_is_full() -> None:
@@ -182,7 +114,9 @@ async def test_a_timed_out_call_is_withdrawn_and_the_model_gets_an_error() -> No
         done = await sink.terminal(tid)
     assert isinstance(done, m.TurnCompleted) and "did not answer" in (done.tool_calls[0].error or "")
     assert [(e.call_id, e.reason) for e in sink.of(tid) if isinstance(e, m.ToolCallWithdrawn)] == [("c1", "timeout")]
-    assert not [e for e in sink.of(tid) if isinstance(e, m.ToolCallCompleted)], "a withdrawn call ends once: no toolCallCompleted"
+    assert not [e for e in sink.of(tid) if isinstance(e, m.ToolCallCompleted)], (
+        "a withdrawn call ends once: no toolCallCompleted"
+    )
     sink.assert_well_formed(tid)
 
 
@@ -248,7 +182,7 @@ async def test_a_worker_cancelled_from_outside_still_ends_every_turn() -> None:
     assert [e.reason for e in sink.of(first) if isinstance(e, m.ToolCallWithdrawn)] == ["cancelled"]
 
 
-# ---- bug 8: our own bugs are internal_error ----
+# ---- our own bugs are internal_error ----
 
 
 async def test_an_unexpected_exception_fails_the_turn_as_internal_error(caplog: pytest.LogCaptureFixture) -> None:
@@ -330,10 +264,19 @@ async def test_format_violations_become_error_outputs_and_never_reach_the_game()
     sink = Sink()
     npc = make_npc(engine, sink, [MAIL])
     good = {"to": "greta@tavern.example", "on": "2026-12-02"}
-    engine.set_script("n", [
-        {"toolCalls": [{"id": "bad1", "name": "send_mail", "arguments": {"to": "not an address"}}, {"id": "bad2", "name": "send_mail", "arguments": {"on": "yesterday"}}, {"id": "ok", "name": "send_mail", "arguments": good}]},
-        {"text": "Sent one."},
-    ])
+    engine.set_script(
+        "n",
+        [
+            {
+                "toolCalls": [
+                    {"id": "bad1", "name": "send_mail", "arguments": {"to": "not an address"}},
+                    {"id": "bad2", "name": "send_mail", "arguments": {"on": "yesterday"}},
+                    {"id": "ok", "name": "send_mail", "arguments": good},
+                ]
+            },
+            {"text": "Sent one."},
+        ],
+    )
     async with running(npc):
         tid = respond(npc)
         req = await sink.first(tid, m.ToolCallRequested)
@@ -349,19 +292,30 @@ async def test_a_structured_answer_cut_off_by_max_tokens_says_so() -> None:
     engine = ScriptedEngine()
     sink = Sink()
     npc = make_npc(engine, sink)
-    engine.set_script("n", [{"text": '{"mood": "hap', "finishReason": "length"}, {"text": "{oops", "finishReason": "stop"}])
+    engine.set_script(
+        "n", [{"text": '{"mood": "hap', "finishReason": "length"}, {"text": "{oops", "finishReason": "stop"}]
+    )
     schema = {"type": "object", "properties": {"mood": {"type": "string"}}}
     async with running(npc):
         cut = await sink.terminal(respond(npc, schema=schema))
         bad = await sink.terminal(respond(npc, schema=schema))
     assert isinstance(cut, m.TurnFailed) and cut.error.code == "generation_failed" and "maxTokens" in cut.error.message
-    assert isinstance(bad, m.TurnFailed) and bad.error.code == "generation_failed" and "maxTokens" not in bad.error.message
+    assert (
+        isinstance(bad, m.TurnFailed) and bad.error.code == "generation_failed" and "maxTokens" not in bad.error.message
+    )
 
 
-# ---- trimming and turn cost (bug 3) ----
+# ---- trimming and turn cost: a turn's cost does not grow with the history ----
 
 
-def old_visible(engine: ScriptedEngine, instructions: str, history: list[list[Message]], working: list[Message], tools: list[ToolSpec], budget: int) -> list[Message] | None:
+def old_visible(
+    engine: ScriptedEngine,
+    instructions: str,
+    history: list[list[Message]],
+    working: list[Message],
+    tools: list[ToolSpec],
+    budget: int,
+) -> list[Message] | None:
     """The trimming of commit d14face: drop the oldest turn until the prompt fits."""
     for dropped in range(len(history) + 1):
         msgs = [x for t in history[dropped:] for x in t] + working
@@ -393,13 +347,21 @@ async def test_trimming_shows_what_dropping_the_oldest_turn_until_it_fits_showed
     script: list[Any] = []
     for i in range(30):
         if i % 3 == 0:
-            script += [check({"toolCalls": [call(f"c{i}", item="ale " * (i % 7))]}), check({"text": "counted " * (i % 5 + 1)})]
+            script += [
+                check({"toolCalls": [call(f"c{i}", item="ale " * (i % 7))]}),
+                check({"text": "counted " * (i % 5 + 1)}),
+            ]
         else:
             script.append(check({"text": "fine " * (i % 11 + 1)}))
     engine.set_script("n", script)
     async with running(npc):
         for i in range(30):
-            tid = respond(npc, f"turn {i} " + "blah " * (i % 13 + 3), tool_choice="none" if i % 3 == 2 else "auto", tool_timeout_ms=1)
+            tid = respond(
+                npc,
+                f"turn {i} " + "blah " * (i % 13 + 3),
+                tool_choice="none" if i % 3 == 2 else "auto",
+                tool_timeout_ms=1,
+            )
             done = await sink.terminal(tid)
             assert isinstance(done, m.TurnCompleted), done
     assert checked == 40 and mismatches == []
@@ -446,10 +408,6 @@ class CountingEngine(ScriptedEngine):
         self.messages += len(messages)
         self.threads.add(threading.current_thread() is threading.main_thread())
         return super().count_tokens(instructions, messages, tools)
-
-
-def history(n: int) -> list[list[Message]]:
-    return [[Message(role="user", content=f"hello {i} there"), Message(role="assistant", content="welcome traveller")] for i in range(n)]
 
 
 @pytest.mark.parametrize("size", [100, 10_000])
@@ -540,7 +498,7 @@ async def test_reset_clears_history_counts_and_the_engines_state() -> None:
     assert len(npc.turns) == 1
 
 
-# ---- schemas (bugs 8 and 9) ----
+# ---- schemas: a bad one is invalid_schema, never an internal error ----
 
 
 @pytest.mark.parametrize(
@@ -557,7 +515,11 @@ async def test_reset_clears_history_counts_and_the_engines_state() -> None:
         {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
         {"type": "object", "properties": {"a": {"$ref": "#nowhere"}}},
         {"$ref": "#"},
-        {"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}}, "properties": {"x": {"$ref": "#/$defs/a"}}},
+        {
+            "type": "object",
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "properties": {"x": {"$ref": "#/$defs/a"}},
+        },
         [],
         "object",
     ],
@@ -584,14 +546,16 @@ def test_good_schemas_pass(schema: Any) -> None:
     check_schema(schema, "schema", tool=True)
 
 
-@pytest.mark.parametrize("schema", [{}, {"type": "string"}, {"type": ["object", "null"]}, {"$schema": 5, "type": "object"}])
+@pytest.mark.parametrize(
+    "schema", [{}, {"type": "string"}, {"type": ["object", "null"]}, {"$schema": 5, "type": "object"}]
+)
 def test_tool_parameters_must_be_an_object_schema(schema: dict[str, Any]) -> None:
     with pytest.raises(BridgeError) as e:
         check_schema(schema, "parameters", tool=True)
     assert e.value.code == "invalid_schema"
 
 
-# ---- scripted engine (bugs 8 and 11) ----
+# ---- scripted engine: a bad script refused where it is given, memory bounded ----
 
 
 @pytest.mark.parametrize(
@@ -615,7 +579,11 @@ def test_tool_parameters_must_be_an_object_schema(schema: dict[str, Any]) -> Non
 )
 def test_bad_script_steps_are_invalid_params_at_once(step: Any) -> None:
     engine = ScriptedEngine()
-    for attempt in (lambda: engine.set_script("n", [{"text": "ok"}, step]), lambda: validate_script([step]), lambda: ScriptedEngine(script=[step])):
+    for attempt in (
+        lambda: engine.set_script("n", [{"text": "ok"}, step]),
+        lambda: validate_script([step]),
+        lambda: ScriptedEngine(script=[step]),
+    ):
         with pytest.raises(BridgeError) as e:
             attempt()
         assert (e.value.code, e.value.data.get("reason")) == ("invalid_params", "invalid_script")
@@ -623,15 +591,21 @@ def test_bad_script_steps_are_invalid_params_at_once(step: Any) -> None:
 
 
 def test_good_script_steps_and_callables_are_accepted() -> None:
-    validate_script([
-        {"text": "Hello", "delayMs": 2.0, "chunkMs": 0},
-        {"toolCalls": [{"name": "open_door"}, {"id": "c1", "name": "x", "arguments": {"a": 1}}], "text": "Wait.", "warnings": ["w"]},
-        {"json": {"a": [1, 2]}},
-        {"json": None},
-        {"error": "guardrail_violation", "message": "no"},
-        {"text": "cut", "finishReason": "length"},
-        lambda req: {"text": "dynamic"},
-    ])
+    validate_script(
+        [
+            {"text": "Hello", "delayMs": 2.0, "chunkMs": 0},
+            {
+                "toolCalls": [{"name": "open_door"}, {"id": "c1", "name": "x", "arguments": {"a": 1}}],
+                "text": "Wait.",
+                "warnings": ["w"],
+            },
+            {"json": {"a": [1, 2]}},
+            {"json": None},
+            {"error": "guardrail_violation", "message": "no"},
+            {"text": "cut", "finishReason": "length"},
+            lambda req: {"text": "dynamic"},
+        ]
+    )
     with pytest.raises(BridgeError):
         validate_script({"text": "not a list"})
 
@@ -643,7 +617,9 @@ def test_a_script_file_is_validated(tmp_path: Any) -> None:
         ScriptedEngine.from_file(str(bad))
     assert e.value.data["reason"] == "invalid_script"
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"default": [{"text": "hi"}], "npcs": {"guard": [{"text": "Halt!"}]}, "contextSize": 1000}))
+    good.write_text(
+        json.dumps({"default": [{"text": "hi"}], "npcs": {"guard": [{"text": "Halt!"}]}, "contextSize": 1000})
+    )
     assert ScriptedEngine.from_file(str(good)).context_size == 1000
 
 

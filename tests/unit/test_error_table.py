@@ -1,5 +1,6 @@
-"""bridge/errors.py's ERROR_CODES is the one source of the error table; every hand-kept copy
-(protocol.md, the native library, the Godot, Unity and Unreal clients) must match it.
+"""bridge/errors.py's ERROR_KINDS (one record per code) is the one source of the error table;
+ERROR_CODES, HTTP_STATUS and EXIT_CODES are derived from it, and every hand-kept copy
+(protocol.md, the native library, the Godot, Unity and Unreal clients) must match ERROR_CODES.
 
 Each copy is parsed from its own text, so a copy that drifts (a code missing, extra or renamed,
 a wrong number, a wrong retryable flag) fails here with the file's path in the message. A copy
@@ -9,14 +10,15 @@ the number (the flag comes on the wire), the native library only the names an en
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bridge.errors import ERROR_CODES
+from bridge.errors import ERROR_CODES, ERROR_KINDS, EXIT_CODES, HTTP_STATUS, KINDS, BridgeError, ErrorKind
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -194,25 +196,126 @@ def test_a_wrong_number_or_retryable_flag_is_named() -> None:
     expected = {"busy": (-31010, True)}
     assert drift(expected, {"busy": (-31011, True)}) == ["busy is -31011, should be -31010"]
     assert drift(expected, {"busy": (-31010, False)}) == ["busy has retryable False, should be True"]
-    assert drift(expected, {"busy": (-31010, True), "late": (-31099, False)}) == [
-        "extra late: not in bridge/errors.py"
+    assert drift(expected, {"busy": (-31010, True), "late": (-31099, False)}) == ["extra late: not in bridge/errors.py"]
+
+
+# ---- the records themselves ----
+
+JSONRPC_RESERVED = range(-32768, -31999)
+JSONRPC_STANDARD = {-32700, -32600, -32601, -32602, -32603}
+
+
+def record_problems(kinds: Sequence[ErrorKind]) -> list[str]:
+    """What is wrong with a table of records: each rule its derived tables and the hosts rely on."""
+    problems: list[str] = []
+    codes = [k.code for k in kinds]
+    problems += [f"code {c} listed twice" for c in sorted({c for c in codes if codes.count(c) > 1})]
+    numbers = [k.number for k in kinds]
+    problems += [f"number {n} shared by two codes" for n in sorted({n for n in numbers if numbers.count(n) > 1})]
+    for k in kinds:
+        if k.number in JSONRPC_RESERVED and k.number not in JSONRPC_STANDARD:
+            problems.append(f"{k.code}: {k.number} is in JSON-RPC's reserved range")
+        if not 400 <= k.http_status < 600:
+            problems.append(f"{k.code}: HTTP status {k.http_status} is not an error status")
+        # retryable codes are the ones an HTTP client retries (429, 5xx)
+        if k.retryable and not (k.http_status == 429 or k.http_status >= 500):
+            problems.append(f"{k.code}: retryable, but HTTP status {k.http_status} says do not retry")
+        # 0 is success and 2 is argparse's usage error: no code may collide with them
+        if k.exit_status in (0, 2) or not 0 < k.exit_status < 256:
+            problems.append(f"{k.code}: exit status {k.exit_status}")
+        if not k.meaning:
+            problems.append(f"{k.code}: no meaning")
+    return problems
+
+
+def test_the_records_keep_every_rule() -> None:
+    assert record_problems(ERROR_KINDS) == []
+
+
+def mutated(which: str, **change: object) -> list[ErrorKind]:
+    """ERROR_KINDS with the record of code ``which`` changed."""
+    return [dataclasses.replace(k, **change) if k.code == which else k for k in ERROR_KINDS]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        (mutated("busy", code="refusal"), "code refusal listed twice"),
+        (mutated("busy", number=-31003), "number -31003 shared by two codes"),
+        (mutated("busy", number=-32001), "busy: -32001 is in JSON-RPC's reserved range"),
+        (mutated("busy", http_status=200), "busy: HTTP status 200 is not an error status"),
+        (mutated("busy", http_status=409), "busy: retryable, but HTTP status 409 says do not retry"),
+        (mutated("refusal", exit_status=2), "refusal: exit status 2"),
+        (mutated("refusal", exit_status=0), "refusal: exit status 0"),
+        (mutated("refusal", meaning=""), "refusal: no meaning"),
+    ],
+)
+def test_a_record_that_breaks_a_rule_is_named(table: list[ErrorKind], problem: str) -> None:
+    assert problem in record_problems(table)
+
+
+@pytest.mark.parametrize("copy", NUMBERED, ids=[c.path for c in NUMBERED])
+def test_a_record_changed_without_its_copies_fails_each_copy(copy: Copy) -> None:
+    """The other direction: the copies are held to the records, through ERROR_CODES."""
+    expected = {k.code: (k.number, k.retryable) for k in mutated("guardrail_violation", number=-31092)}
+    found = copy.parse((ROOT / copy.path).read_text(encoding="utf-8"))
+    assert "guardrail_violation is -31002, should be -31092" in drift(expected, found)
+
+
+def test_the_per_code_tables_are_derived_from_the_records_in_their_order() -> None:
+    assert list(KINDS) == [k.code for k in ERROR_KINDS] and all(KINDS[k.code] is k for k in ERROR_KINDS)
+    assert list(ERROR_CODES.items()) == [(k.code, (k.number, k.retryable)) for k in ERROR_KINDS]
+    assert list(HTTP_STATUS.items()) == [(k.code, k.http_status) for k in ERROR_KINDS]
+    assert list(EXIT_CODES.items()) == [(k.code, k.exit_status) for k in ERROR_KINDS]
+
+
+def test_error_codes_keeps_the_shape_the_clients_copy() -> None:
+    """code -> (number, retryable), a plain tuple: what every client's copy mirrors."""
+    for code, value in ERROR_CODES.items():
+        assert type(value) is tuple and len(value) == 2, code
+        assert type(value[0]) is int and type(value[1]) is bool, code
+
+
+def test_a_bridge_error_reads_its_record() -> None:
+    e = BridgeError("busy", "the queue is full", npcId="a")
+    assert (e.rpc_code, e.retryable, e.http_status, e.exit_code) == (-31010, True, 503, 11)
+    assert e.to_wire() == {
+        "code": -31010,
+        "message": "the queue is full",
+        "data": {"code": "busy", "retryable": True, "npcId": "a"},
+    }
+    with pytest.raises(ValueError, match="unknown error code 'bussy'"):
+        BridgeError("bussy", "typo")
+
+
+def protocol_md_meanings(text: str) -> dict[str, str]:
+    rows = _block(text, "| string code | JSON-RPC code | retryable | meaning |", "\n\n").splitlines()[2:]
+    meanings: dict[str, str] = {}
+    for row in rows:
+        m = re.match(r"\| `([a-z_]+)` \| -?\d+ \| (?:yes|no) \| (.*) \|$", row)
+        assert m, f"unreadable table row {row!r}"
+        meanings[m[1]] = m[2]
+    return meanings
+
+
+def meaning_drift(text: str) -> list[str]:
+    found = protocol_md_meanings(text)
+    return [
+        f"{k.code}: {found.get(k.code)!r}, should be {k.meaning!r}"
+        for k in ERROR_KINDS
+        if found.get(k.code) != k.meaning
     ]
+
+
+def test_protocol_md_gives_each_code_its_record_s_meaning() -> None:
+    assert meaning_drift((ROOT / "protocol.md").read_text(encoding="utf-8")) == []
+
+
+def test_a_meaning_changed_in_protocol_md_alone_is_named() -> None:
+    text = (ROOT / "protocol.md").read_text(encoding="utf-8").replace("| the model refused |", "| it said no |")
+    assert meaning_drift(text) == ["refusal: 'it said no', should be 'the model refused'"]
 
 
 def test_every_code_has_its_own_number() -> None:
     numbers = [n for n, _ in ERROR_CODES.values()]
     assert len(numbers) == len(set(numbers)), "two codes share a JSON-RPC number"
-
-
-def test_every_code_has_an_http_status_and_an_exit_code() -> None:
-    from bridge.errors import EXIT_CODES, HTTP_STATUS
-
-    assert set(HTTP_STATUS) == set(ERROR_CODES)
-    assert set(EXIT_CODES) == set(ERROR_CODES)
-    assert all(400 <= s < 600 for s in HTTP_STATUS.values())
-    # retryable codes are the ones an HTTP client retries (429, 5xx)
-    for code, (_, retryable) in ERROR_CODES.items():
-        if retryable:
-            assert HTTP_STATUS[code] == 429 or HTTP_STATUS[code] >= 500, code
-    # 0 is success and 2 is argparse's usage error: no code may collide with them
-    assert all(s not in (0, 2) and 0 < s < 256 for s in EXIT_CODES.values())

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from bridge.engines.base import ToolCall, GenerationOptions, Message, StepRequest, ToolMode, ToolSpec
 from bridge.engines._text import _grammar as g
 from bridge.engines._text._prompt import PromptRenderer, turn_start
+from bridge.engines.base import GenerationOptions, Message, StepRequest, ToolCall, ToolMode, ToolSpec
 
 HAVE_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 # Under CI a missing llama-cpp-python fails these tests instead of skipping them.
@@ -24,10 +24,20 @@ needs_converter = pytest.mark.skipif(
     not HAVE_LLAMA_CPP and os.environ.get("CI") != "true", reason="llama-cpp-python is not installed"
 )
 
-NOTE = ToolSpec("note", "Write", {"type": "object", "properties": {
-    "text": {"type": "string"}, "n": {"type": "integer", "minimum": 1}}, "required": ["text", "n"]})
-DOOR = ToolSpec("door", "Open", {"type": "object", "properties": {
-    "which": {"type": "string", "enum": ["front", "back"]}}, "required": ["which"]})
+NOTE = ToolSpec(
+    "note",
+    "Write",
+    {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "n": {"type": "integer", "minimum": 1}},
+        "required": ["text", "n"],
+    },
+)
+DOOR = ToolSpec(
+    "door",
+    "Open",
+    {"type": "object", "properties": {"which": {"type": "string", "enum": ["front", "back"]}}, "required": ["which"]},
+)
 
 
 def req(tools: list[ToolSpec], mode: ToolMode, schema: dict[str, Any] | None = None) -> StepRequest:
@@ -60,7 +70,9 @@ def test_the_same_request_gives_the_cached_grammar_and_the_same_warnings() -> No
     warnings = first[1]
     warnings.append("changed by the caller")
     again = g.build_grammar(req([NOTE], "required"))
-    assert again[0] == first[0] and again[1] == ["tool note.n: 'minimum' is not enforced while generating (checked afterwards)"]
+    assert again[0] == first[0] and again[1] == [
+        "tool note.n: 'minimum' is not enforced while generating (checked afterwards)"
+    ]
 
 
 @needs_converter
@@ -108,8 +120,15 @@ def test_schema_property_order_decides_the_grammar() -> None:
 
 def test_formats_the_grammar_cannot_enforce_are_warned_and_strings_bounded() -> None:
     warnings: list[str] = []
-    out = g.for_grammar({"type": "object", "properties": {"e": {"type": "string", "format": "email"},
-                                                          "d": {"type": "string", "format": "date"}}}, "tool t", warnings, 10)
+    out = g.for_grammar(
+        {
+            "type": "object",
+            "properties": {"e": {"type": "string", "format": "email"}, "d": {"type": "string", "format": "date"}},
+        },
+        "tool t",
+        warnings,
+        10,
+    )
     assert warnings == ["tool t.e: format 'email' is not enforced while generating (checked afterwards)"]
     assert "maxLength" not in out["properties"]["e"] and "maxLength" not in out["properties"]["d"]
     free: list[str] = []
@@ -142,9 +161,16 @@ def test_tool_rounds_are_told_as_facts_and_never_shown_as_json() -> None:
     call = Message("assistant", "", [ToolCall("c1", "check_inventory", {"item": "ale"})])
     result = Message("tool", '{"item":"ale","inStock":3}', tool_call_id="c1", name="check_inventory")
     earlier = [Message("user", "Any ale?"), call, result, Message("assistant", "Three left.")]
-    now = r.render("You keep the inn.", [*earlier, Message("user", "And bread?"),
-                                         Message("assistant", "", [ToolCall("c2", "check_inventory", {"item": "bread"})]),
-                                         Message("tool", '{"item":"bread","inStock":12}', tool_call_id="c2", name="check_inventory")], [])
+    now = r.render(
+        "You keep the inn.",
+        [
+            *earlier,
+            Message("user", "And bread?"),
+            Message("assistant", "", [ToolCall("c2", "check_inventory", {"item": "bread"})]),
+            Message("tool", '{"item":"bread","inStock":12}', tool_call_id="c2", name="check_inventory"),
+        ],
+        [],
+    )
     assert "Facts for your answer: item bread, in stock 12." in now
     assert "in stock 3" not in now, "an earlier turn's facts are in its spoken line"
     assert "{" not in now and "check_inventory" not in now and "tool" not in now
@@ -152,19 +178,25 @@ def test_tool_rounds_are_told_as_facts_and_never_shown_as_json() -> None:
 
 
 def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_message() -> None:
-    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
-              "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    strict = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    )
     r = PromptRenderer(strict, "", "")
     out = r.render("You are a guard.", [Message("user", "hi")], [])
     assert out == "[user] You are a guard.\n\nhi\n"
+
 
 # -- speakers -----------------------------------------------------------------------------
 
 
 def test_a_line_another_npc_said_is_read_as_name_colon_line() -> None:
     r = PromptRenderer(None, "", "")
-    msgs = [Message("user", "Any ale?"), Message("assistant", "Plenty."),
-            Message("user", "Who are you, stranger?", name="Brom")]
+    msgs = [
+        Message("user", "Any ale?"),
+        Message("assistant", "Plenty."),
+        Message("user", "Who are you, stranger?", name="Brom"),
+    ]
     chat = r.chat_messages("You keep the inn.", msgs)
     assert [m["content"] for m in chat[1:]] == ["Any ale?", "Plenty.", "Brom: Who are you, stranger?"]
     out = r.render("You keep the inn.", msgs, [])
@@ -192,8 +224,10 @@ def test_the_prewarm_prefix_starts_every_next_step_and_leaves_out_the_last_turns
 
 
 def test_the_prewarm_prefix_holds_for_a_template_without_a_system_role() -> None:
-    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
-              "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    strict = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    )
     r = PromptRenderer(strict, "", "")
     prefix = r.render_prefix("You are a guard.", [], [])
     assert prefix == "[user] You are a guard.\n\n"
@@ -202,18 +236,40 @@ def test_the_prewarm_prefix_holds_for_a_template_without_a_system_role() -> None
 
 # -- decisions (npc/decide) -----------------------------------------------------------------
 
-DECIDE = {"type": "object", "properties": {
-    "reasoning": {"type": "string", "description": "why, in one short sentence"},
-    "choice": {"type": "string", "enum": ["let_in", "question"]}}, "required": ["reasoning", "choice"]}
-URGENCY = {"type": "object", "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}}, "required": ["urgency"]}
-DECIDE_ARGS = {"anyOf": [
-    {"type": "object", "properties": {
+DECIDE = {
+    "type": "object",
+    "properties": {
         "reasoning": {"type": "string", "description": "why, in one short sentence"},
-        "choice": {"type": "string", "enum": ["let_in", "question"]}}, "required": ["reasoning", "choice"]},
-    {"type": "object", "properties": {
-        "reasoning": {"type": "string", "description": "why, in one short sentence"},
-        "choice": {"const": "call_help"}, "arguments": URGENCY}, "required": ["reasoning", "choice", "arguments"]},
-]}
+        "choice": {"type": "string", "enum": ["let_in", "question"]},
+    },
+    "required": ["reasoning", "choice"],
+}
+URGENCY = {
+    "type": "object",
+    "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}},
+    "required": ["urgency"],
+}
+DECIDE_ARGS = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "reasoning": {"type": "string", "description": "why, in one short sentence"},
+                "choice": {"type": "string", "enum": ["let_in", "question"]},
+            },
+            "required": ["reasoning", "choice"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "reasoning": {"type": "string", "description": "why, in one short sentence"},
+                "choice": {"const": "call_help"},
+                "arguments": URGENCY,
+            },
+            "required": ["reasoning", "choice", "arguments"],
+        },
+    ]
+}
 
 
 class Gbnf:
@@ -229,7 +285,7 @@ class Gbnf:
                 name, body = line.split("::=", 1)
                 self.src, self.i = body, 0
                 self.rules[name.strip()] = self._alt()
-                assert self._peek() == "", f"unparsed: {body[self.i:]!r}"
+                assert self._peek() == "", f"unparsed: {body[self.i :]!r}"
 
     def _peek(self) -> str:
         while self.i < len(self.src) and self.src[self.i] in " \t":
@@ -291,7 +347,7 @@ class Gbnf:
             self.i += 1
             return node
         m = re.match(r"[A-Za-z0-9-]+", self.src[self.i :])
-        assert m, f"unexpected {self.src[self.i:]!r}"
+        assert m, f"unexpected {self.src[self.i :]!r}"
         self.i += m.end()
         return ("ref", m.group())
 
@@ -353,8 +409,16 @@ class Gbnf:
 
 
 def decision(schema: dict[str, Any]) -> StepRequest:
-    return StepRequest("guard", "You guard the gate.", [Message("user", "A stranger walks up.")], [], "disallowed",
-                       schema, GenerationOptions(), 0)
+    return StepRequest(
+        "guard",
+        "You guard the gate.",
+        [Message("user", "A stranger walks up.")],
+        [],
+        "disallowed",
+        schema,
+        GenerationOptions(),
+        0,
+    )
 
 
 def answer(reasoning: str, choice: str, **arguments: Any) -> str:
@@ -413,7 +477,9 @@ def test_the_prompt_names_a_decisions_fields_in_order_and_leaves_the_options_to_
     for schema in (DECIDE, DECIDE_ARGS):
         system = PromptRenderer.system_text("You guard the gate.", [], "disallowed", schema)
         said = system.split("\n\n")[-1]
-        assert said.startswith("Reply with a JSON object with the fields reasoning (why, in one short sentence); choice")
+        assert said.startswith(
+            "Reply with a JSON object with the fields reasoning (why, in one short sentence); choice"
+        )
         assert "{" not in said and "anyOf" not in said, "never the JSON Schema itself"
         for name in ("let_in", "question", "call_help", "low", "high"):
             assert name not in said, "the options' names are the grammar's to enforce"
@@ -430,9 +496,19 @@ def test_the_services_decision_schemas_give_grammars_of_only_the_options(reasoni
     from bridge.core import _messages as m
     from bridge.core._service import decision_schema
 
-    params = msgspec.convert({"npcId": "guard", "situation": "A stranger.", "reasoning": reasoning, "options": [
-        {"name": "let_in", "description": "open the gate"}, {"name": "question"},
-        {"name": "call_help", "parameters": URGENCY}]}, m.DecideParams)
+    params = msgspec.convert(
+        {
+            "npcId": "guard",
+            "situation": "A stranger.",
+            "reasoning": reasoning,
+            "options": [
+                {"name": "let_in", "description": "open the gate"},
+                {"name": "question"},
+                {"name": "call_help", "parameters": URGENCY},
+            ],
+        },
+        m.DecideParams,
+    )
     plain = msgspec.structs.replace(params, options=params.options[:2])
     why = {"reasoning": "It is late."} if reasoning else {}
     for schema in (decision_schema(plain), decision_schema(params)):
@@ -443,7 +519,9 @@ def test_the_services_decision_schemas_give_grammars_of_only_the_options(reasoni
         assert not gr.accepts(json.dumps({**why, "choice": "run"}))
         said = PromptRenderer.system_text("", [], "disallowed", schema)
         assert "let_in" not in said and "{" not in said
-        assert said.startswith("Reply with a JSON object with the fields " + ("reasoning (" if reasoning else "choice ("))
+        assert said.startswith(
+            "Reply with a JSON object with the fields " + ("reasoning (" if reasoning else "choice (")
+        )
     text, _ = g.build_grammar(decision(decision_schema(params)))
     assert text is not None
     assert Gbnf(text).accepts(json.dumps({**why, "choice": "call_help", "arguments": {"urgency": "low"}}))

@@ -98,7 +98,25 @@ def test_a_line_break_inside_the_first_sentence_ends_the_line_there() -> None:
 
 
 def test_a_sentence_that_nearly_repeats_an_earlier_one_ends_the_line() -> None:
-    pieces = ["Greta", ",", " keeper", " of", " the", " Flagon", ".", " I'm", " Greta", ",", " keeper", " of", " the", " Flagon", ".", " Sit", "."]
+    pieces = [
+        "Greta",
+        ",",
+        " keeper",
+        " of",
+        " the",
+        " Flagon",
+        ".",
+        " I'm",
+        " Greta",
+        ",",
+        " keeper",
+        " of",
+        " the",
+        " Flagon",
+        ".",
+        " Sit",
+        ".",
+    ]
     _, text, stopped = play(pieces)
     assert text == "Greta, keeper of the Flagon."
     assert stopped

@@ -10,9 +10,9 @@ import re
 import msgspec
 
 from bridge.core import _messages as m
+from bridge.core._methods import PARAMS, RESULTS
 from bridge.errors import ERROR_CODES
-
-from tests.conftest import ROOT
+from tests.support.harness import ROOT
 
 DOC = open(os.path.join(ROOT, "protocol.md"), encoding="utf-8").read()
 
@@ -28,7 +28,7 @@ def wire_fields(t: type[msgspec.Struct]) -> set[str]:
 
 
 def test_every_method_is_documented_with_its_params_and_an_example() -> None:
-    for method, params in m.PARAMS.items():
+    for method, params in PARAMS.items():
         text = section(method)
         for field in wire_fields(params):
             assert f"`{field}`" in text, f"{method}: field {field} undocumented"
@@ -62,11 +62,11 @@ def test_every_error_code_is_in_the_table_with_its_number_and_retryable_flag() -
 
 def test_no_section_documents_a_method_or_event_that_does_not_exist() -> None:
     names = set(re.findall(r"^### `([^`]+)`", DOC, re.M))
-    assert names == set(m.PARAMS) | set(m.EVENTS)
+    assert names == set(PARAMS) | set(m.EVENTS)
 
 
 def test_every_result_example_matches_the_result_type() -> None:
-    for method, typ in m.RESULTS.items():
+    for method, typ in RESULTS.items():
         text = section(method)
         examples = [json.loads(x) for x in re.findall(r"^(\{.*\})$", text, re.M)]
         replies = [e for e in examples if "result" in e]
@@ -77,4 +77,6 @@ def test_every_result_example_matches_the_result_type() -> None:
         for e in replies:
             value = msgspec.convert(e["result"], typ)  # valid against the type
             assert set(e["result"]) == wire_fields(typ), f"{method}: the example's fields differ from the type's"
-            assert msgspec.json.decode(msgspec.json.encode(value)) == e["result"], f"{method}: the example does not round-trip"
+            assert msgspec.json.decode(msgspec.json.encode(value)) == e["result"], (
+                f"{method}: the example does not round-trip"
+            )

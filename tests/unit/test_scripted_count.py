@@ -12,16 +12,21 @@ from bridge.core import _messages as m
 from bridge.engines import scripted
 from bridge.engines.base import Message, ToolCall, ToolSpec
 from bridge.engines.scripted import _count_prompt, _PromptCount
-
-from tests.unit.test_agent import Sink, history, make_npc, respond, running
+from tests.support.agent import Sink, history, make_npc, respond, running
 
 TOOLS = [ToolSpec(name="t", description="d e f", parameters={"type": "object"})]
 
 
 def a_message(rng: random.Random) -> Message:
     if rng.random() < 0.1:
-        return Message(role="assistant", content="x " * rng.randint(0, 5), tool_calls=[ToolCall(id="c", name="t", arguments={"a": "b" * rng.randint(0, 40)})])
-    return Message(role=rng.choice(["user", "assistant", "tool"]), content=" ".join("w" for _ in range(rng.randint(0, 12))))
+        return Message(
+            role="assistant",
+            content="x " * rng.randint(0, 5),
+            tool_calls=[ToolCall(id="c", name="t", arguments={"a": "b" * rng.randint(0, 40)})],
+        )
+    return Message(
+        role=rng.choice(["user", "assistant", "tool"]), content=" ".join("w" for _ in range(rng.randint(0, 12)))
+    )
 
 
 def test_the_incremental_prompt_count_equals_the_whole_count_whatever_the_prompts_do() -> None:
@@ -55,7 +60,9 @@ def test_the_incremental_prompt_count_equals_the_whole_count_whatever_the_prompt
 
 
 @pytest.mark.parametrize("size", [100, 10_000])
-async def test_a_step_word_counts_only_the_messages_new_to_its_prompt(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_step_word_counts_only_the_messages_new_to_its_prompt(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # usage.inputTokens of every step once word-counted the whole visible window (bench:
     # CPU per turn 3x from history 0 to 100); now the agent's counts and the engine's
     # together touch the turn's new messages only.

@@ -11,7 +11,10 @@ from bridge.core import _messages as m
 from bridge.engines.base import ToolSpec
 from bridge.errors import BridgeError
 
-INVENTORY = ToolSpec(name="check_inventory", parameters={"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]})
+INVENTORY = ToolSpec(
+    name="check_inventory",
+    parameters={"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
+)
 
 
 def registry() -> EngineRegistry:
@@ -20,7 +23,10 @@ def registry() -> EngineRegistry:
 
 async def test_a_turn_with_a_tool_round_trip_in_process() -> None:
     async with Service.running(registry()) as svc:
-        script = [{"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]}, {"text": "Three barrels."}]
+        script = [
+            {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {"item": "ale"}}]},
+            {"text": "Three barrels."},
+        ]
         created = await svc.create(m.NpcConfig(npc_id="keeper", tools=[INVENTORY], script=script))
         assert created == m.CreateResult(npc_id="keeper", engine="scripted", context_size=4096)
         turn = svc.respond(m.RespondParams(npc_id="keeper", prompt="Any ale?"))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from bridge import ScriptedEngine
-
-from tests.conftest import DOOR_TOOL, INVENTORY_TOOL, Client, serve_in_memory
+from tests.support.harness import DOOR_TOOL, INVENTORY_TOOL, Client, serve_in_memory
 
 
 def call(id_: str, name: str = "check_inventory", **args: object) -> dict:
@@ -12,7 +11,15 @@ def call(id_: str, name: str = "check_inventory", **args: object) -> dict:
 
 
 async def setup(client: Client, engine: ScriptedEngine, script: list, tools: list | None = None) -> None:
-    await client.call("npc/create", {"npcId": "n", "instructions": "Be brief.", "tools": tools if tools is not None else [INVENTORY_TOOL, DOOR_TOOL], "script": script})
+    await client.call(
+        "npc/create",
+        {
+            "npcId": "n",
+            "instructions": "Be brief.",
+            "tools": tools if tools is not None else [INVENTORY_TOOL, DOOR_TOOL],
+            "script": script,
+        },
+    )
 
 
 async def answer_all(client: Client, turn_id: str, n: int) -> None:
@@ -39,7 +46,9 @@ async def test_named_tool_narrows_the_first_step_to_that_tool(client: Client, en
     assert (second.tool_mode, [t.name for t in second.tools]) == ("allowed", ["check_inventory", "open_door"])
 
 
-async def test_none_hides_the_tools_from_the_model_and_ignores_its_calls(client: Client, engine: ScriptedEngine) -> None:
+async def test_none_hides_the_tools_from_the_model_and_ignores_its_calls(
+    client: Client, engine: ScriptedEngine
+) -> None:
     await setup(client, engine, [{"text": "hi", "toolCalls": [call("c0")]}])
     tid, done = await client.turn("n", "?", toolChoice="none")
     (q,) = engine.requests
@@ -47,7 +56,9 @@ async def test_none_hides_the_tools_from_the_model_and_ignores_its_calls(client:
     assert q.instructions == "Be brief.", "the instructions do not list the tools either"
     assert done["method"] == "turn/completed" and done["params"]["text"] == "hi"
     assert done["params"]["toolCalls"] == [] and any("disallowed" in w for w in done["params"]["warnings"])
-    assert not [e for e in client.turn_events(tid) if e["method"].startswith("turn/toolCall")], "the game never sees the call"
+    assert not [e for e in client.turn_events(tid) if e["method"].startswith("turn/toolCall")], (
+        "the game never sees the call"
+    )
 
 
 async def test_spent_round_budget_disallows_and_hides_tools(client: Client, engine: ScriptedEngine) -> None:
@@ -66,14 +77,30 @@ async def test_calls_over_the_call_budget_get_an_error_output(client: Client, en
     records = done["params"]["toolCalls"]
     assert records[0]["output"] == "ok"
     assert "budget" in records[1]["error"]
-    assert not [e for e in client.turn_events(r["turnId"]) if e["method"] == "turn/toolCallRequested" and e["params"]["callId"] == "c1"]
+    assert not [
+        e
+        for e in client.turn_events(r["turnId"])
+        if e["method"] == "turn/toolCallRequested" and e["params"]["callId"] == "c1"
+    ]
     assert engine.requests[1].tool_mode == "disallowed"
     tool_msgs = [m for m in engine.requests[1].messages if m.role == "tool"]
     assert tool_msgs[1].is_error and "budget" in tool_msgs[1].content
 
 
 async def test_unknown_tool_and_bad_arguments_become_error_outputs(client: Client, engine: ScriptedEngine) -> None:
-    await setup(client, engine, [{"toolCalls": [{"id": "x", "name": "fly", "arguments": {}}, {"id": "y", "name": "open_door", "arguments": {"door": 7}}]}, {"text": "hm"}])
+    await setup(
+        client,
+        engine,
+        [
+            {
+                "toolCalls": [
+                    {"id": "x", "name": "fly", "arguments": {}},
+                    {"id": "y", "name": "open_door", "arguments": {"door": 7}},
+                ]
+            },
+            {"text": "hm"},
+        ],
+    )
     _, done = await client.turn("n", "?")
     errs = [t["error"] for t in done["params"]["toolCalls"]]
     assert "unknown tool" in errs[0] and "invalid arguments" in errs[1]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import hypothesis.strategies as st
+import msgspec
 import trio
 from hypothesis import given, settings
 
-from bridge import Server
+from bridge import EngineRegistry, Server
+from bridge.core._methods import PARAMS
 from bridge.jsonrpc._framing import LineFramer, LineTooLong
 from bridge.jsonrpc._protocol import encode_line
 
@@ -58,7 +61,15 @@ def test_requests_before_initialize_get_not_initialized() -> None:
 
 def test_parse_error_has_null_id() -> None:
     out = json.loads(handle(ready(), b'{"jsonrpc": "2.0", "method"'))
-    assert out == {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": out["error"]["message"], "data": {"code": "parse_error", "retryable": False, "reason": "parse_error"}}}
+    assert out == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32700,
+            "message": out["error"]["message"],
+            "data": {"code": "parse_error", "retryable": False, "reason": "parse_error"},
+        },
+    }
 
 
 def test_batch_cases_from_the_specification() -> None:
@@ -68,8 +79,18 @@ def test_batch_cases_from_the_specification() -> None:
     assert isinstance(r, list) and r[0]["error"]["code"] == -32600 and r[0]["id"] is None
     r = rpc(s, [1, 2, 3])
     assert len(r) == 3
-    assert rpc(s, [{"jsonrpc": "2.0", "method": "npc/list"}, {"jsonrpc": "2.0", "method": "npc/list"}]) is None  # all notifications
-    r = rpc(s, [{"jsonrpc": "2.0", "id": "a", "method": "npc/list"}, {"jsonrpc": "2.0", "method": "npc/list"}, {"foo": "boo"}, {"jsonrpc": "2.0", "id": "b", "method": "nope"}])
+    assert (
+        rpc(s, [{"jsonrpc": "2.0", "method": "npc/list"}, {"jsonrpc": "2.0", "method": "npc/list"}]) is None
+    )  # all notifications
+    r = rpc(
+        s,
+        [
+            {"jsonrpc": "2.0", "id": "a", "method": "npc/list"},
+            {"jsonrpc": "2.0", "method": "npc/list"},
+            {"foo": "boo"},
+            {"jsonrpc": "2.0", "id": "b", "method": "nope"},
+        ],
+    )
     assert [x.get("id") for x in r] == ["a", None, "b"]
     assert "result" in r[0] and r[1]["error"]["code"] == -32600 and r[2]["error"]["code"] == -32601
     out = handle(s, b'[{"jsonrpc": "2.0", "method": "sum", "params": [1,2,4], "id": "1"},{"jsonrpc": "2.0", "method"]')
@@ -97,7 +118,12 @@ def test_deep_nesting_is_refused() -> None:
 
 def test_initialize_twice_and_wrong_types() -> None:
     s = ready()
-    assert rpc(s, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})["error"]["data"]["code"] == "invalid_request"
+    assert (
+        rpc(s, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})["error"]["data"][
+            "code"
+        ]
+        == "invalid_request"
+    )
     r = rpc(s, {"jsonrpc": "2.0", "id": 2, "method": "npc/create", "params": {"npcId": 7}})
     assert r["error"]["code"] == -32602 and "npcId" in r["error"]["message"]
 
@@ -116,7 +142,10 @@ def test_whole_number_floats_count_as_integers() -> None:
 
 
 async def test_whole_number_floats_reach_integer_options(client) -> None:  # type: ignore[no-untyped-def]
-    await client.call("npc/create", {"npcId": "a", "script": [{"text": "hi"}], "options": {"maxTokens": 64.0, "seed": 3.0, "temperature": 1.0}})
+    await client.call(
+        "npc/create",
+        {"npcId": "a", "script": [{"text": "hi"}], "options": {"maxTokens": 64.0, "seed": 3.0, "temperature": 1.0}},
+    )
     save = await client.call("npc/transcript", {"npcId": "a"})
     assert save["config"]["options"]["maxTokens"] == 64 and isinstance(save["config"]["options"]["maxTokens"], int)
     _, done = await client.turn("a", "x", maxToolRounds=2.0, toolTimeoutMs=1000.0)
@@ -139,16 +168,99 @@ json_values = st.recursive(
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
     max_leaves=12,
 )
-methods = st.sampled_from(["initialize", "npc/create", "npc/respond", "npc/submit", "npc/cancel", "npc/transcript", "npc/restore", "npc/reset", "npc/delete", "npc/list", "tokens/count", "engine/status", "bogus"])
+# Every method of the protocol (the registry protocol.md is checked against) and one that is not.
+METHODS = [*PARAMS, "bogus"]
+FIELDS = {method: [f.encode_name for f in msgspec.structs.fields(t)] for method, t in PARAMS.items()}
+REQUIRED = {method: [f.encode_name for f in msgspec.structs.fields(t) if f.required] for method, t in PARAMS.items()}
+ALL_FIELDS = sorted({f for fields in FIELDS.values() for f in fields})
+# Values that pass decoding often, so that requests reach the service: the same two NPCs,
+# keys and tags, so that respond, submit, decide or world/get meet what create or world/set
+# made. By field name; by (method, field) where methods differ.
+npc_ids = st.sampled_from(["a", "b"])
+TOOL = {"name": "check_inventory", "parameters": {"type": "object"}}
+CALL_STEP = {"toolCalls": [{"id": "c1", "name": "check_inventory", "arguments": {}}]}
+short_text = st.text(max_size=12)
+LIKELY: dict[Any, st.SearchStrategy[Any]] = {
+    "npcId": npc_ids,
+    "npcIds": st.lists(npc_ids, max_size=2),
+    "key": st.sampled_from(["gate", "weather"]),
+    "value": st.text(max_size=8) | st.integers(),
+    "tags": st.lists(st.sampled_from(["gate", "tavern"]), max_size=2),
+    "lore": st.booleans(),
+    "reasoning": st.booleans(),
+    "remember": st.booleans(),
+    "fullText": st.booleans(),
+    "prompt": short_text,
+    "text": short_text,
+    "situation": short_text,
+    "instructions": short_text,
+    "speaker": short_text,
+    "callId": st.sampled_from(["c1", "call_1"]),
+    "output": json_values,
+    "engine": st.just("scripted"),  # never one that loads a model
+    "protocolVersion": st.just(1),
+    "clientInfo": st.fixed_dictionaries({"name": short_text}),
+    "persona": st.fixed_dictionaries({"name": short_text}),
+    "toolChoice": st.sampled_from(["auto", "none", "required"]),
+    "maxToolRounds": st.integers(0, 4),
+    "maxToolCalls": st.integers(0, 4),
+    "toolTimeoutMs": st.integers(0, 100),
+    "schema": st.just({"type": "object"}),
+    "tools": st.just([TOOL]),
+    "script": st.lists(st.fixed_dictionaries({"text": st.text(max_size=8)}) | st.just(CALL_STEP), max_size=2),
+    "save": st.fixed_dictionaries(
+        {"version": st.just(1), "config": st.fixed_dictionaries({"npcId": npc_ids}), "turns": st.just([])}
+    ),
+    ("npc/create", "npcId"): st.sampled_from(["a", "c"]),  # a exists already (populated), c is new
+    ("npc/create", "options"): st.fixed_dictionaries(
+        {}, optional={"maxTokens": st.integers(1, 64), "seed": st.integers(0, 9)}
+    ),
+    ("npc/decide", "options"): st.lists(
+        st.fixed_dictionaries({"name": st.sampled_from(["let_in", "question"])}),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda o: o["name"],
+    ),
+}
 ids = st.integers() | st.text(max_size=5)
-messages = st.fixed_dictionaries({"jsonrpc": st.just("2.0"), "id": ids, "method": methods, "params": st.dictionaries(st.sampled_from(["npcId", "prompt", "callId", "text", "save", "output", "tools"]), json_values, max_size=4)})
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(messages, min_size=1, max_size=5))
-def test_random_requests_get_exactly_one_response_each(batch: list[dict]) -> None:
-    s = Server()
+@st.composite
+def messages(draw: st.DrawFn) -> dict[str, Any]:
+    """A request of any method. Mostly its own fields, those it requires always, with likely
+    values (now and then any JSON); one in ten is any fields of any method with any JSON."""
+    method = draw(st.sampled_from(METHODS))
+    if method not in FIELDS or draw(st.integers(0, 9)) == 0:
+        params = draw(st.dictionaries(st.sampled_from(ALL_FIELDS), json_values, max_size=4))
+    else:
+        keys = dict.fromkeys(REQUIRED[method] + draw(st.lists(st.sampled_from(FIELDS[method] or ["-"]), max_size=3)))
+        params = {}
+        for k in keys.keys() - {"-"}:
+            likely = LIKELY.get((method, k), LIKELY.get(k))
+            params[k] = draw(json_values if likely is None or draw(st.integers(0, 9)) == 0 else likely)
+    return {"jsonrpc": "2.0", "id": draw(ids), "method": method, "params": params}
+
+
+# Before the batch: nothing (requests before initialize), or initialize and a few things for
+# the requests to meet: NPC a with a tool and a script, NPC b, a world fact.
+SET_UP = {
+    "fresh": [],
+    "populated": [
+        {"method": "initialize", "params": {"protocolVersion": 1}},
+        {"method": "npc/create", "params": {"npcId": "a", "tags": ["gate"], "tools": [TOOL], "script": [CALL_STEP]}},
+        {"method": "npc/create", "params": {"npcId": "b"}},
+        {"method": "world/set", "params": {"key": "gate", "value": "barred", "tags": ["gate"]}},
+    ],
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(SET_UP)), st.lists(messages(), min_size=1, max_size=8))
+def test_random_requests_get_exactly_one_response_each(set_up: str, batch: list[dict]) -> None:
+    s = Server(EngineRegistry(default="scripted"))
     s.service.attach(_NoNursery())  # type: ignore[arg-type]  # npc/create may start a worker; nothing runs here
+    for i, request in enumerate(SET_UP[set_up]):
+        assert "result" in rpc(s, {"jsonrpc": "2.0", "id": f"set-up {i}", **request})
     r = rpc(s, batch)
     assert isinstance(r, list) and len(r) == len(batch)
     assert [x["id"] for x in r] == [m["id"] for m in batch]

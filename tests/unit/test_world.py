@@ -36,7 +36,11 @@ def test_every_view_matches_checking_every_fact_through_random_changes() -> None
             scope = rng.choice(["all", "tags", "ids", "both"])
             tags = rng.sample(["a", "b", "c", "x"], rng.randint(1, 2)) if scope in ("tags", "both") else None
             ids = rng.sample([n for n, _ in npcs], rng.randint(1, 3)) if scope in ("ids", "both") else None
-            world.set(m.WorldSetParams(key=key, value=rng.choice(["v", 3, {"o": [1]}]), tags=tags, npc_ids=ids, lore=rng.random() < 0.3))
+            world.set(
+                m.WorldSetParams(
+                    key=key, value=rng.choice(["v", 3, {"o": [1]}]), tags=tags, npc_ids=ids, lore=rng.random() < 0.3
+                )
+            )
         for npc_id, tags in rng.sample(npcs, 4):
             view = world.view(npc_id, tags)
             assert (view.text, view.lore) == brute_force(world, npc_id, tags), f"step {step}"

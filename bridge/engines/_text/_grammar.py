@@ -31,12 +31,31 @@ GRAMMAR_CACHE_SIZE = 256
 
 # Schema keywords llama.cpp's JSON-Schema-to-GBNF converter does not turn into grammar:
 # the answer is still validated against them afterwards, and the turn reports a warning.
-NOT_IN_GRAMMAR = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
-    "not", "if", "then", "else", "contains", "minContains", "maxContains", "patternProperties",
-    "minProperties", "maxProperties", "dependentRequired", "dependentSchemas", "propertyNames",
-    "unevaluatedProperties", "unevaluatedItems",
-})
+NOT_IN_GRAMMAR = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "uniqueItems",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "minContains",
+        "maxContains",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "dependentSchemas",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)
 GRAMMAR_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 
 Grammar = tuple[str | None, tuple[str, ...]]  # (GBNF text or None for free text, warnings)
@@ -69,7 +88,11 @@ def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | 
             out[key] = for_grammar(val, where, warnings, string_max)
         else:
             out[key] = val
-    if out.get(PROSE) is True and out.get("type") == "string" and not any(k in out for k in ("enum", "const", "pattern", "format")):
+    if (
+        out.get(PROSE) is True
+        and out.get("type") == "string"
+        and not any(k in out for k in ("enum", "const", "pattern", "format"))
+    ):
         out["pattern"] = PROSE_PATTERN
         out.pop("maxLength", None)
     bounded = any(k in out for k in ("maxLength", "enum", "const", "pattern", "format"))
@@ -85,7 +108,9 @@ def tools_schema(tools: list[ToolSpec], warnings: list[str]) -> dict[str, Any]:
             "type": "object",
             "properties": {
                 "name": {"const": t.name},
-                "arguments": for_grammar(t.parameters or {"type": "object"}, f"tool {t.name}", warnings, TOOL_STRING_MAX),
+                "arguments": for_grammar(
+                    t.parameters or {"type": "object"}, f"tool {t.name}", warnings, TOOL_STRING_MAX
+                ),
             },
             "required": ["name", "arguments"],
         }
@@ -152,7 +177,7 @@ def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None
     else:
         # a tool call starts with '{"tool_calls"'; free text has no brace at all (a small
         # model otherwise speaks JSON envelopes as dialogue)
-        text = call + '\noamtext ::= [^{} \\t\\n\\r] [^{}\\x00]*\nroot ::= oamcall | oamtext\n'
+        text = call + "\noamtext ::= [^{} \\t\\n\\r] [^{}\\x00]*\nroot ::= oamcall | oamtext\n"
     return text, tuple(dict.fromkeys(warnings))
 
 
@@ -216,7 +241,9 @@ class CallSniffer:
             return calls, ""
         if self.state == "call":
             what = "cut off by maxTokens" if finish == "length" else "malformed"
-            raise BridgeError("generation_failed", f"the model's tool call was {what}", text=held[:200], finish_reason=finish)
+            raise BridgeError(
+                "generation_failed", f"the model's tool call was {what}", text=held[:200], finish_reason=finish
+            )
         return [], held  # a short answer that looked like the start of a call
 
 

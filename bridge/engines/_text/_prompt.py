@@ -67,7 +67,10 @@ def _fields(schema: Any) -> str:
         props = _union_properties(schema)
     if not isinstance(props, dict) or not props:
         return f" matching {json.dumps(schema)}"
-    said = [f"{k} ({v['description']})" if isinstance(v, dict) and isinstance(v.get("description"), str) else k for k, v in props.items()]
+    said = [
+        f"{k} ({v['description']})" if isinstance(v, dict) and isinstance(v.get("description"), str) else k
+        for k, v in props.items()
+    ]
     return f" with the fields {'; '.join(said)}"
 
 
@@ -105,10 +108,32 @@ SAY_MAX_DECIMALS = 2  # 2.5 gold is said; 0.7312 is a ratio for the game, not th
 # Words of a key that make its number an identifier, a timestamp, a version or a coordinate,
 # never said ("id", "orderId", "npc_id", "timestamp", "createdAt", "x"); the key's words as
 # ``_key`` splits them.
-NOT_SAID_KEYS = frozenset({
-    "id", "ids", "uuid", "guid", "key", "hash", "code", "seed", "version", "revision", "rev", "index",
-    "idx", "timestamp", "date", "at", "epoch", "ms", "port", "x", "y", "z",
-})
+NOT_SAID_KEYS = frozenset(
+    {
+        "id",
+        "ids",
+        "uuid",
+        "guid",
+        "key",
+        "hash",
+        "code",
+        "seed",
+        "version",
+        "revision",
+        "rev",
+        "index",
+        "idx",
+        "timestamp",
+        "date",
+        "at",
+        "epoch",
+        "ms",
+        "port",
+        "x",
+        "y",
+        "z",
+    }
+)
 
 
 def _said_number(key: str | None, v: Any) -> str | None:
@@ -203,8 +228,10 @@ class PromptRenderer:
             if tool_mode == "required":
                 lines.append("Call one of these tools now.")
             else:
-                lines.append('When one of them is needed, reply with only the call as JSON, '
-                             '{"tool_calls":[{"name":...,"arguments":{...}}]}; otherwise speak.')
+                lines.append(
+                    "When one of them is needed, reply with only the call as JSON, "
+                    '{"tool_calls":[{"name":...,"arguments":{...}}]}; otherwise speak.'
+                )
             parts.append("\n".join(lines))
         if schema is not None:
             parts.append("Reply with a JSON object" + _fields(schema) + ".")
@@ -305,7 +332,9 @@ class PromptRenderer:
             out = "".join(f"<|im_start|>{x['role']}\n{x['content']}<|im_end|>\n" for x in msgs)
             return out + "<|im_start|>assistant\n"
         try:
-            return self._jinja.render(messages=msgs, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)
+            return self._jinja.render(
+                messages=msgs, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos
+            )
         except Exception:  # noqa: BLE001 - a template that allows no system role may raise anything
             # chat_messages gives one leading system message at most: it opens the first user
             # message instead (Gemma's templates, say).
@@ -316,4 +345,6 @@ class PromptRenderer:
                 rest = [dict(rest[0], content=system + "\n\n" + rest[0]["content"]), *rest[1:]]
             else:
                 rest = [{"role": "user", "content": system}, *rest]
-            return self._jinja.render(messages=rest, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos)
+            return self._jinja.render(
+                messages=rest, add_generation_prompt=True, eos_token=self._eos, bos_token=self._bos
+            )

@@ -10,11 +10,18 @@ per pass), ``_worker`` (each step's sampling and the hand-off to trio), ``_engin
 
 from __future__ import annotations
 
-from bridge.engines.llama._engine import FEATURES, MAX_DEFAULT_CTX, LlamaEngine
 from bridge.engines._text._grammar import TOOL_STRING_MAX
+from bridge.engines.llama._engine import FEATURES, MAX_DEFAULT_CTX, LlamaEngine
 from bridge.engines.llama._model import GGUF_MAGIC, MODEL_FILE, availability, default_model_path, model_file_problem
 
 __all__ = [
-    "FEATURES", "GGUF_MAGIC", "MAX_DEFAULT_CTX", "MODEL_FILE", "TOOL_STRING_MAX", "LlamaEngine", "availability",
-    "default_model_path", "model_file_problem",
+    "FEATURES",
+    "GGUF_MAGIC",
+    "MAX_DEFAULT_CTX",
+    "MODEL_FILE",
+    "TOOL_STRING_MAX",
+    "LlamaEngine",
+    "availability",
+    "default_model_path",
+    "model_file_problem",
 ]

@@ -34,11 +34,17 @@ any case once the rows decoded beside them would have paid for it (``_tidy``): l
 attention looks at every cell up to the highest in use, for every row. Cells a slot shares
 with the slot it copied them from count once (``Slot.lent``), and that slot is not evicted
 to make room.
+
+A job is in one ``Phase`` at a time and moves only as ``MOVES`` allows: waiting for a slot,
+reading its prompt (its start restored, shared or kept in place when it is admitted), then a
+step generating, and one of three ends. What a pass does with a job follows from its phase;
+``Job.pending`` and ``Job.next`` are only the tokens it reads.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import logging
 import math
 import threading
@@ -46,9 +52,8 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from bridge.errors import BridgeError
-
 from bridge.engines.llama._states import SavedState, StateCache
+from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.llama")
 
@@ -62,6 +67,39 @@ TIDY_TOKENS = 1024
 # (``Scheduler._pack``) if they hold at most 1/PACK_RATIO of the most tokens the pool held
 # since the last move.
 PACK_RATIO = 2
+
+
+class Phase(enum.Enum):
+    """Where a job is. Only the scheduler's thread moves a job (``Job.move``); another thread
+    reads the phase once ``Job.done`` is set, and it is then an end (``ENDS``)."""
+
+    WAITING = "waiting"  # submitted, no slot yet (Scheduler._queue, then _waiting)
+    READING = "reading"  # on a slot (Scheduler._active): the prompt's rest is read, a chunk a pass
+    GENERATING = "generating"  # a step whose prompt is read: ``Job.next`` is decoded each pass
+    ENDED = "ended"  # the result is set: a prewarm's prompt is read, or a step ended
+    STOPPED = "stopped"  # the stop flag was seen: the result is None, or the step's cancelled()
+    FAILED = "failed"  # the error is set
+
+
+# The moves a job may make. A prewarm goes from READING to ENDED; only a step generates.
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.WAITING: frozenset({Phase.READING, Phase.STOPPED, Phase.FAILED}),
+    Phase.READING: frozenset({Phase.GENERATING, Phase.ENDED, Phase.STOPPED, Phase.FAILED}),
+    Phase.GENERATING: frozenset({Phase.ENDED, Phase.STOPPED, Phase.FAILED}),
+    Phase.ENDED: frozenset(),
+    Phase.STOPPED: frozenset(),
+    Phase.FAILED: frozenset(),
+}
+ENDS = frozenset(p for p, to in MOVES.items() if not to)
+
+
+class PhaseError(RuntimeError):
+    """A move ``MOVES`` does not allow: a bug of the scheduler (its thread then fails every
+    job with ``generation_failed``)."""
+
+    def __init__(self, npc_id: str, start: Phase, to: Phase) -> None:
+        super().__init__(f"a job of {npc_id!r} cannot go from {start.value} to {to.value}")
+        self.npc_id, self.start, self.to = npc_id, start, to
 
 
 class Step(Protocol):
@@ -79,22 +117,44 @@ class Step(Protocol):
 
 class Job:
     """One step (``step`` set) or prewarm (``step`` None) submitted to the scheduler.
-    ``result``/``error`` are set once, then ``done`` is set."""
+    ``result``/``error`` are set once, with the move to an end (``ENDS``), then ``done`` is
+    set. ``slot`` is set while the job is READING or GENERATING, ``next`` while it is
+    GENERATING."""
 
-    __slots__ = ("npc_id", "tokens", "stop", "keep_last", "step", "reserve", "slot", "pending", "cached",
-                 "shared", "next", "generating", "result", "error", "done", "admitted", "asked", "spoke", "held")
+    __slots__ = (
+        "npc_id",
+        "tokens",
+        "stop",
+        "keep_last",
+        "step",
+        "reserve",
+        "phase",
+        "slot",
+        "pending",
+        "cached",
+        "shared",
+        "next",
+        "result",
+        "error",
+        "done",
+        "admitted",
+        "asked",
+        "spoke",
+        "held",
+    )
 
-    def __init__(self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool,
-                 step: Step | None, reserve: int) -> None:
+    def __init__(
+        self, npc_id: str, tokens: list[int], stop: threading.Event, keep_last: bool, step: Step | None, reserve: int
+    ) -> None:
         self.npc_id, self.tokens, self.stop, self.keep_last = npc_id, tokens, stop, keep_last
         self.step = step
         self.reserve = reserve  # KV cells the step may still need past its prompt
+        self.phase = Phase.WAITING
         self.slot: Slot | None = None
         self.pending: list[int] = []  # prompt tokens not read yet
         self.cached = 0  # prompt tokens reused from a slot or a saved state
         self.shared = 0  # of those, tokens copied from another NPC's slot
         self.next: int | None = None  # the generated token to evaluate in the next pass
-        self.generating = False
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -102,6 +162,12 @@ class Job:
         self.asked = time.monotonic()
         self.spoke = math.inf  # when its first token came
         self.held = 0  # prompt tokens read since its last token was decoded (Scheduler._holds)
+
+    def move(self, to: Phase) -> None:
+        """The job is now in ``to``; ``PhaseError`` if ``MOVES`` does not allow it."""
+        if to not in MOVES[self.phase]:
+            raise PhaseError(self.npc_id, self.phase, to)
+        self.phase = to
 
     def wait(self) -> Any:
         self.done.wait()
@@ -150,8 +216,18 @@ class Scheduler:
     """The context and its thread. ``submit`` from any thread; ``close`` ends the thread
     (steps still running end with ``model_unavailable``)."""
 
-    def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_seq: int, n_threads: int,
-                 n_threads_batch: int, prefill_chunk: int, hold: int = 0, hold_burst: int = 0) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        n_ctx: int,
+        states: StateCache,
+        n_seq: int,
+        n_threads: int,
+        n_threads_batch: int,
+        prefill_chunk: int,
+        hold: int = 0,
+        hold_burst: int = 0,
+    ) -> None:
         import llama_cpp
         from llama_cpp import _internals
 
@@ -191,8 +267,12 @@ class Scheduler:
     def submit(self, job: Job) -> Any:
         """Runs ``job`` and returns its result (None when stopped before it started)."""
         if len(job.tokens) >= self.n_ctx:
-            raise BridgeError("context_size_exceeded", "prompt exceeds context",
-                              prompt_tokens=len(job.tokens), context_size=self.n_ctx)
+            raise BridgeError(
+                "context_size_exceeded",
+                "prompt exceeds context",
+                prompt_tokens=len(job.tokens),
+                context_size=self.n_ctx,
+            )
         with self._cv:
             if self._closing:
                 raise BridgeError("model_unavailable", "engine closed")
@@ -254,17 +334,20 @@ class Scheduler:
 
     def _fail_queue(self, err: BaseException) -> None:
         while self._queue:
-            self._finish(self._queue.popleft(), error=err)
+            self._finish(self._queue.popleft(), Phase.FAILED, error=err)
 
     def _fail_all(self, err: BaseException) -> None:
         for job in list(self._active) + list(self._waiting):
-            self._finish(job, error=err)
+            self._finish(job, Phase.FAILED, error=err)
         self._active.clear()
         self._waiting.clear()
 
-    def _finish(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
-        if job.done.is_set():
+    def _finish(self, job: Job, end: Phase, result: Any = None, error: BaseException | None = None) -> None:
+        """The job moves to ``end`` with its result or error, leaves its slot and is done
+        (nothing if it has ended already)."""
+        if job.phase in ENDS:
             return
+        job.move(end)
         job.result, job.error = result, error
         if job.slot is not None:
             job.slot.job = None
@@ -338,13 +421,16 @@ class Scheduler:
         share for the most part (they would stay in the pool). At most ``TIDY_TOKENS`` a
         pass, the least recently used slots first, so that saving long histories does not
         stall the NPCs speaking."""
-        reading = [job for job in self._active if job.pending]
+        reading = [job for job in self._active if job.phase is Phase.READING]
         ahead = sum(len(job.pending) for job in reading)
         lending = self._lending()
         saved = 0
         for s in sorted((s for s in self.slots if s.job is None and s.tokens), key=lambda s: s.used):
-            if s.rent + ahead < TIDY_ROWS or 2 * lending.get(s.seq, 0) > len(s.tokens) or any(
-                    _common(s.tokens, job.tokens) >= TIDY_ROWS for job in reading):
+            if (
+                s.rent + ahead < TIDY_ROWS
+                or 2 * lending.get(s.seq, 0) > len(s.tokens)
+                or any(_common(s.tokens, job.tokens) >= TIDY_ROWS for job in reading)
+            ):
                 continue
             if saved and saved + len(s.tokens) > TIDY_TOKENS:
                 return  # the rest next pass
@@ -419,25 +505,47 @@ class Scheduler:
         return True
 
     def _admit(self) -> None:
-        """Moves waiting jobs onto slots, oldest first, while slots and KV cells allow."""
+        """Moves waiting jobs onto slots, oldest first, while slots and KV cells allow. A job
+        whose placing raises fails alone (``_try_place``) and the pass goes on. Whatever
+        raises, every job the pass took is on a slot (``_active``), ended, or back in
+        ``_waiting``, so the scheduler's catch-all (``_run``) still ends it."""
         keep: deque[Job] = deque()
-        while self._waiting:
-            job = self._waiting.popleft()
-            if job.stop.is_set():
-                self._finish(job)  # stopped before it started: nothing read
-                continue
-            if keep:  # an older job waits: keep the order
-                keep.append(job)
-                continue
-            if not self._place(job):
-                keep.append(job)
-        self._waiting = keep
+        try:
+            while self._waiting:
+                # the job stays in _waiting until it is placed, kept or ended
+                job = self._waiting[0]
+                if job.stop.is_set():
+                    self._finish(job, Phase.STOPPED)  # stopped before it started: nothing read
+                elif keep or not self._try_place(job):  # an older job waits: keep the order
+                    keep.append(job)
+                self._waiting.popleft()
+        finally:
+            keep.extend(self._waiting)
+            self._waiting = keep
+
+    def _try_place(self, job: Job) -> bool:
+        """Whether the job has left the waiting jobs: placed (``_place``), or failed because
+        placing it raised (llama.cpp saving or loading a state): ``generation_failed``, its
+        slot cleared. A ``PhaseError`` (a bug of the scheduler) is raised."""
+        try:
+            return self._place(job)
+        except PhaseError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one job's placing fails that job alone
+            log.exception("placing a job of %s failed", job.npc_id)
+            self._fail(
+                job,
+                BridgeError("generation_failed", f"llama scheduler failed placing the job: {type(e).__name__}: {e}"),
+            )
+            return True
 
     def _place(self, job: Job) -> bool:
         own = next((s for s in self.slots if s.npc == job.npc_id), None)
         if own is not None and own.job is not None:
             return False  # the NPC's previous job has not left its slot yet
-        idle = sorted((s for s in self.slots if s.job is None and s is not own), key=lambda s: (s.npc is not None, s.used))
+        idle = sorted(
+            (s for s in self.slots if s.job is None and s is not own), key=lambda s: (s.npc is not None, s.used)
+        )
         slot = own
         if slot is None and idle:
             # a slot of no one that holds the start of this prompt is taken as it is
@@ -471,6 +579,7 @@ class Scheduler:
         elif slot.npc is None and len(slot.tokens) - mine >= TIDY_ROWS and (st := self._save(slot)) is not None:
             self.states.put_prefix(st)  # what of it the prompt does not start with
         slot.npc, slot.job, job.slot = job.npc_id, job, slot
+        job.move(Phase.READING)
         n = mine
         if donor is not None:
             self._copy(donor, slot, lent)
@@ -518,7 +627,10 @@ class Scheduler:
         """Before a job reads its first chunk: the NPCs admitted with it and ahead of it have
         read their prompts since, so one that starts alike (the same lore, rules or
         instructions) gives its cells; NPCs asking at the same moment read the common text
-        once. Prompts are read oldest first, so waiting for it costs the job nothing."""
+        once. Prompts are read oldest first, so waiting for it costs the job nothing. A job
+        left with nothing to read has read its prompt (``_complete_prompt``): a prewarm of a
+        prompt another NPC has just read ends; a step always keeps its last token to read
+        (``keep_last``)."""
         slot = job.slot
         assert slot is not None
         toks = job.tokens
@@ -532,13 +644,15 @@ class Scheduler:
         job.shared = n
         job.cached = n
         job.pending = toks[n:]
+        if not job.pending:  # nothing is left to decode: llama.cpp refuses an empty batch
+            self._complete_prompt(job, -1)
 
     def _complete_prompt(self, job: Job, idx: int) -> None:
         """The prompt is read: a prewarm ends; a step samples its first token."""
         if job.step is None:
             self._end(job, ("prewarmed", job.cached))
             return
-        job.generating = True
+        job.move(Phase.GENERATING)
         job.spoke = time.monotonic()
         self._advance(job, idx)
 
@@ -548,8 +662,11 @@ class Scheduler:
             tok = job.step.choose(self.ctx, idx)
         except Exception as e:  # noqa: BLE001 - one step's sampling fails that step alone
             log.exception("sampling failed for %s", job.npc_id)
-            err = e if isinstance(e, BridgeError) else BridgeError(
-                "generation_failed", f"sampling failed: {type(e).__name__}: {e}")
+            err = (
+                e
+                if isinstance(e, BridgeError)
+                else BridgeError("generation_failed", f"sampling failed: {type(e).__name__}: {e}")
+            )
             self._fail(job, err)
             return
         if tok is None:
@@ -557,10 +674,10 @@ class Scheduler:
         else:
             job.next = tok
 
-    def _end(self, job: Job, result: Any) -> None:
+    def _end(self, job: Job, result: Any, end: Phase = Phase.ENDED) -> None:
         if job in self._active:
             self._active.remove(job)
-        self._finish(job, result=result)
+        self._finish(job, end, result=result)
 
     def _pass(self) -> None:
         """One pass: the next token of every generating job not held (``_holds``) in one
@@ -568,11 +685,12 @@ class Scheduler:
         (``_reading``)."""
         for job in list(self._active):
             if job.stop.is_set():
-                self._end(job, job.step.cancelled() if (job.generating and job.step is not None) else None)
+                step = job.step if job.phase is Phase.GENERATING else None
+                self._end(job, None if step is None else step.cancelled(), Phase.STOPPED)
         speaking: list[tuple[Job, list[int]]] = []
         held: list[Job] = []
         for job in self._active:
-            if job.generating:
+            if job.phase is Phase.GENERATING:
                 assert job.next is not None
                 if self._holds(job):
                     held.append(job)
@@ -600,7 +718,7 @@ class Scheduler:
         slow the conversation the player is in."""
         if not self.hold:
             return False
-        holders = [j for j in self._active if not j.generating and j.step is not None and j.asked < job.spoke]
+        holders = [j for j in self._active if j.phase is Phase.READING and j.step is not None and j.asked < job.spoke]
         if not holders:
             return False
         return job.held < self.hold or job.held + sum(len(j.pending) for j in holders) <= self.hold_burst
@@ -610,18 +728,22 @@ class Scheduler:
         reads). One prompt per pass: a prompt that ends in the pass ends the pass's reading,
         so its first token is not kept waiting for the start of the next NPC's prompt
         (measured with bench/bench_batch.py: a bigger budget while several prompts wait made
-        the first NPC's first word later and did not lift the total within the noise)."""
-        job = next((j for j in self._active if not j.generating), None)
-        if job is None:
-            return []
-        assert job.slot is not None
-        if len(job.slot.tokens) == job.cached:  # nothing read yet
-            self._share_late(job)
-        return [(job, job.pending[: self.chunk])]
+        the first NPC's first word later and did not lift the total within the noise). A
+        prompt found whole in another slot (``_share_late``) is read without a decode, and
+        the next one is looked at."""
+        for job in [j for j in self._active if j.phase is Phase.READING]:
+            assert job.slot is not None
+            if len(job.slot.tokens) == job.cached:  # nothing read yet
+                self._share_late(job)
+            if job.phase is Phase.READING:
+                return [(job, job.pending[: self.chunk])]
+        return []
 
     def _decode(self, work: list[tuple[Job, list[int]]]) -> bool:
         """Decodes each job's tokens at the end of its slot and moves the jobs on; False if
-        llama.cpp refused the batch (``_decode_failed``).
+        llama.cpp refused the batch (``_decode_failed``). A job with no tokens here (a bug of
+        the scheduler) fails alone with ``generation_failed``; an empty batch is never
+        decoded (llama.cpp refuses it with -1, which would fail every job in it).
 
         The generating jobs' tokens and a prompt chunk are decoded apart, not in one batch:
         llama.cpp's CPU flash attention takes a batch's rows in tiles of 64 and skips only
@@ -636,8 +758,13 @@ class Scheduler:
         for job, toks in work:
             slot = job.slot
             assert slot is not None
+            if not toks:
+                self._fail(
+                    job, BridgeError("generation_failed", f"llama scheduler bug: nothing to decode for {job.npc_id!r}")
+                )
+                continue
             start, pos = b.n_tokens, len(slot.tokens)
-            last = job.generating or len(toks) == len(job.pending)
+            last = job.phase is Phase.GENERATING or len(toks) == len(job.pending)
             for i, t in enumerate(toks):
                 r = start + i
                 b.token[r] = t
@@ -647,6 +774,8 @@ class Scheduler:
                 b.logits[r] = last and i == len(toks) - 1 and job.step is not None
             b.n_tokens = start + len(toks)
             rows.append((job, start, len(toks)))
+        if not rows:
+            return True  # nothing refused: the jobs with nothing to decode have failed
         rc = llama_cpp.llama_decode(self.ctx.ctx, b)
         self.batched += len(rows) > 1
         if rc != 0:
@@ -661,7 +790,7 @@ class Scheduler:
         for job, start, k in rows:
             slot = job.slot
             assert slot is not None
-            if job.generating:
+            if job.phase is Phase.GENERATING:
                 slot.tokens.append(job.next)  # type: ignore[arg-type]
                 job.next = None
                 job.held = 0
@@ -676,8 +805,6 @@ class Scheduler:
     def _decode_failed(self, rc: int, rows: list[tuple[Job, int, int]]) -> None:
         """rc 1: no room in the KV cells (give idle slots back and try again next pass; if
         none is idle, the newest job gives way); anything else fails the batch's jobs."""
-        import llama_cpp
-
         if rc == 1:
             idle = [s for s in self.slots if s.job is None and s.tokens]
             if idle:
@@ -685,8 +812,10 @@ class Scheduler:
                     self._evict(s)
                 return
             job = max((j for j, _, _ in rows), key=lambda j: j.admitted)
-            self._fail(job, BridgeError(
-                "busy", "the model's KV cache is full: too many NPCs generating at once for --llama-ctx"))
+            self._fail(
+                job,
+                BridgeError("busy", "the model's KV cache is full: too many NPCs generating at once for --llama-ctx"),
+            )
             return
         for job, _, _ in rows:
             self._fail(job, BridgeError("generation_failed", f"llama_decode failed ({rc})"))
@@ -698,4 +827,4 @@ class Scheduler:
             slot.npc = None
         if job in self._active:
             self._active.remove(job)
-        self._finish(job, error=err)
+        self._finish(job, Phase.FAILED, error=err)

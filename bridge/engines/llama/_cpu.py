@@ -52,7 +52,7 @@ def variants() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for d in variant_dirs():
         for p in sorted(d.glob(f"{_PREFIX}*{_SUFFIX}")) if d.is_dir() else []:
-            found.setdefault(p.name[len(_PREFIX):-len(_SUFFIX)], p)
+            found.setdefault(p.name[len(_PREFIX) : -len(_SUFFIX)], p)
     return found
 
 
@@ -66,8 +66,11 @@ def _ggml() -> ctypes.CDLL:
     if sys.platform.startswith("linux"):
         candidates.append(("libggml.so.0", os.RTLD_NOLOAD))
     lib = _lib_dir()
-    candidates += [(str(lib / n), ctypes.DEFAULT_MODE) for n in ("libggml.so.0", "libggml.so", "libggml.dylib", "ggml.dll")
-                   if (lib / n).exists()]
+    candidates += [
+        (str(lib / n), ctypes.DEFAULT_MODE)
+        for n in ("libggml.so.0", "libggml.so", "libggml.dylib", "ggml.dll")
+        if (lib / n).exists()
+    ]
     for name, mode in candidates:
         try:
             g = ctypes.CDLL(name, mode=mode)
@@ -110,8 +113,11 @@ def load_backends() -> str:
         if forced:
             path = found.get(forced)
             if path is None:
-                raise BridgeError("model_unavailable", f"${VARIANT_ENV}={forced}: no such CPU variant of llama.cpp "
-                                  f"(installed: {', '.join(sorted(found))})")
+                raise BridgeError(
+                    "model_unavailable",
+                    f"${VARIANT_ENV}={forced}: no such CPU variant of llama.cpp "
+                    f"(installed: {', '.join(sorted(found))})",
+                )
             if not ggml.ggml_backend_load(str(path).encode()):
                 raise BridgeError("model_unavailable", f"${VARIANT_ENV}={forced}: this CPU cannot run that variant")
             name = forced
@@ -122,8 +128,10 @@ def load_backends() -> str:
                 if ggml.ggml_backend_reg_count():
                     break
             if not ggml.ggml_backend_reg_count():
-                raise BridgeError("model_unavailable", "no CPU variant of llama.cpp runs on this CPU "
-                                  f"(installed: {', '.join(sorted(found))})")
+                raise BridgeError(
+                    "model_unavailable",
+                    f"no CPU variant of llama.cpp runs on this CPU (installed: {', '.join(sorted(found))})",
+                )
             name = _mapped_variant() or "unknown"
         print(f"oam-bridge: llama.cpp CPU backend: {name}", file=sys.stderr, flush=True)
         _variant = name
@@ -139,6 +147,8 @@ def llama_cpp_server_command() -> list[str]:
     """``python -m llama_cpp.server`` (llama-cpp-python's OpenAI-compatible server, which the
     tests and benchmarks run beside the bridge) with the CPU backend loaded first: llama.cpp
     looks for it only beside the executable."""
-    main = ("import runpy; from bridge.engines.llama._cpu import load_backends; load_backends(); "
-            "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)")
+    main = (
+        "import runpy; from bridge.engines.llama._cpu import load_backends; load_backends(); "
+        "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)"
+    )
     return [sys.executable, "-c", main]

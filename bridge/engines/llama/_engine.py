@@ -15,18 +15,32 @@ from typing import Any
 import msgspec
 import trio
 
+from bridge.engines._text._grammar import CallSniffer, build_grammar
+from bridge.engines._text._prompt import PromptRenderer, turn_start
 from bridge.engines.base import (
-    Chunk, EngineInfo, Message, StepDone, StepRequest, TextChunk, ToolCall, ToolCallsChunk, ToolSpec, Usage,
+    Chunk,
+    EngineInfo,
+    Message,
+    StepDone,
+    StepRequest,
+    TextChunk,
+    ToolCall,
+    ToolCallsChunk,
+    ToolSpec,
+    Usage,
     user_text,
 )
-from bridge.errors import BridgeError
-
 from bridge.engines.llama._cpu import variant as cpu_variant
-from bridge.engines._text._grammar import CallSniffer, build_grammar
-from bridge.engines.llama._model import availability, default_model_path, extra_buffers_default, load_model, silence_llama_logs
-from bridge.engines._text._prompt import PromptRenderer, turn_start
+from bridge.engines.llama._model import (
+    availability,
+    default_model_path,
+    extra_buffers_default,
+    load_model,
+    silence_llama_logs,
+)
 from bridge.engines.llama._states import StateCache
 from bridge.engines.llama._worker import DEFAULT_PARALLEL, Emit, Generator, run_in_thread
+from bridge.errors import BridgeError
 
 MAX_DEFAULT_CTX = 8192
 LOADER_CTX = 32  # the Llama object's own context, unused: see __init__
@@ -63,9 +77,16 @@ class LlamaEngine:
     name = "llama"
     blocking_count = True
 
-    def __init__(self, model_path: str | None = None, n_ctx: int | None = None,
-                 n_threads: int | None = None, cache_bytes: int = 512 * 1024 * 1024,
-                 verbose: bool = False, extra_buffers: bool | None = None, n_parallel: int | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        cache_bytes: int = 512 * 1024 * 1024,
+        verbose: bool = False,
+        extra_buffers: bool | None = None,
+        n_parallel: int | None = None,
+    ) -> None:
         """``extra_buffers``: llama.cpp's AMX / weight-repacking buffers (see
         ``_model.load_model``); default ``$OAM_LLAMA_EXTRA_BUFFERS``, off. ``n_parallel``:
         NPCs whose steps decode together (``$OAM_LLAMA_PARALLEL``, default 8); ``n_ctx``:
@@ -94,9 +115,15 @@ class LlamaEngine:
         self.threads = (threads, cores)
         # The Llama object holds the model and its tokenizer; steps decode in the batch
         # scheduler's own context (_batch.py), so Llama's context is the smallest there is.
-        llm = load_model(extra_buffers_default() if extra_buffers is None else extra_buffers,
-                         model_path=self.model_path, n_ctx=LOADER_CTX, n_batch=LOADER_CTX,
-                         n_threads=1, n_threads_batch=1, verbose=verbose)
+        llm = load_model(
+            extra_buffers_default() if extra_buffers is None else extra_buffers,
+            model_path=self.model_path,
+            n_ctx=LOADER_CTX,
+            n_batch=LOADER_CTX,
+            n_threads=1,
+            n_threads_batch=1,
+            verbose=verbose,
+        )
         if not verbose:
             silence_llama_logs()
         self._n_ctx = min(llm._model.n_ctx_train(), MAX_DEFAULT_CTX) if n_ctx is None else n_ctx
@@ -115,9 +142,14 @@ class LlamaEngine:
         return self._n_ctx
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name="llama", available=self._available and self._llm is not None,
-                          reason=self._reason, context_size=self._n_ctx, features=list(FEATURES),
-                          cpu_variant=cpu_variant())
+        return EngineInfo(
+            name="llama",
+            available=self._available and self._llm is not None,
+            reason=self._reason,
+            context_size=self._n_ctx,
+            features=list(FEATURES),
+            cpu_variant=cpu_variant(),
+        )
 
     def _tokens(self, prompt: str) -> list[int]:
         """The prompt's tokens; any thread. Tokenizing only reads the vocabulary; the count
@@ -182,8 +214,9 @@ class LlamaEngine:
         def job(stop: threading.Event, emit: Emit) -> None:
             # Rendering, tokenizing and building the grammar take milliseconds: done here,
             # on the step's thread, never on trio's.
-            prompt = self._renderer.render(request.instructions, request.messages, request.tools,
-                                           request.tool_mode, request.schema)
+            prompt = self._renderer.render(
+                request.instructions, request.messages, request.tools, request.tool_mode, request.schema
+            )
             tokens = self._tokens(prompt)
             try:
                 grammar_text, grammar_warnings = build_grammar(request)
@@ -220,8 +253,20 @@ class LlamaEngine:
                     lines.append(request.messages[start].content)
                 recent = self._tokens(" ".join(lines)) if lines else []
             unlabel = spoken and any(m.role == "user" and m.name for m in request.messages)
-            done = self._gen.generate(request.npc_id, tokens, grammar_text, request.options, spoken,
-                                      request.speaker if spoken else None, stop, emit, boost, recent, unlabel, say)
+            done = self._gen.generate(
+                request.npc_id,
+                tokens,
+                grammar_text,
+                request.options,
+                spoken,
+                request.speaker if spoken else None,
+                stop,
+                emit,
+                boost,
+                recent,
+                unlabel,
+                say,
+            )
             if done is not None:
                 emit(("done", *done))
 
@@ -236,8 +281,12 @@ class LlamaEngine:
                     usage, finish = item[1], item[2]
                     raw, rest = sniff.end(finish)
                     if raw:
-                        calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"],
-                                          arguments=c.get("arguments") or {}) for c in raw]
+                        calls = [
+                            ToolCall(
+                                id=f"call_{uuid.uuid4().hex[:8]}", name=c["name"], arguments=c.get("arguments") or {}
+                            )
+                            for c in raw
+                        ]
                         yield ToolCallsChunk(calls)
                         finish = "tool_calls"
                     elif rest:
@@ -259,8 +308,9 @@ class LlamaEngine:
             raise BridgeError("model_unavailable", self._reason or "model not loaded")
 
         def job(stop: threading.Event, emit: Emit) -> None:
-            prompt = self._renderer.render_prefix(request.instructions, request.messages, request.tools,
-                                                  request.tool_mode, request.schema)
+            prompt = self._renderer.render_prefix(
+                request.instructions, request.messages, request.tools, request.tool_mode, request.schema
+            )
             usage = self._gen.prewarm(request.npc_id, self._tokens(prompt), stop)
             if usage is not None:
                 emit(("done", usage))

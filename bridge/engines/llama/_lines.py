@@ -42,8 +42,29 @@ _LABEL_MAX = 48  # characters: a label is short
 
 
 # Whole numbers a line may say as a word: "three" says 3 as well as "3" does.
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
+NUMBER_WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+)
 
 
 def value_pattern(value: str) -> re.Pattern[str]:
@@ -121,7 +142,7 @@ class SpokenLine:
                 if not text:
                     self.held = ""
                     return ""
-                self.quoted = text[0] in "\"“"
+                self.quoted = text[0] in '"“'
                 text = text[1:] if self.quoted else text
             rest = self._unlabel(text)
             if rest is None:  # may still be a label

@@ -25,11 +25,10 @@ from typing import Any
 import trio
 
 from bridge.engines.base import GenerationOptions, Usage
-from bridge.errors import BridgeError
-
-from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, value_pattern
 from bridge.engines.llama._batch import Job, Scheduler
+from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, value_pattern
 from bridge.engines.llama._states import StateCache
+from bridge.errors import BridgeError
 
 # Prompts are read at most this many tokens per decode (all steps together), with a stop
 # check between chunks; NPCs that are generating add their tokens beside the chunk.
@@ -84,16 +83,49 @@ _INTRO = re.compile(r"(?:\bI['’]m|\bI am|\bmy name is|\bname['’]s|\bcall me|
 _ENDS = re.compile(rb"[.!?\n\r]|\xe2\x80\xa6")
 _GLUED = re.compile(rb"\w|[.,:/]\d")
 # Capitalized words that follow "I'm" without being a name.
-_NOT_NAMES = frozenset({"A", "An", "The", "Not", "Sorry", "Afraid", "Glad", "Happy", "Just", "So", "Here", "Still",
-                        "Always", "Only", "Sure", "Fine", "Well", "Very", "Too", "No", "Yes", "Your", "Going", "I"})
+_NOT_NAMES = frozenset(
+    {
+        "A",
+        "An",
+        "The",
+        "Not",
+        "Sorry",
+        "Afraid",
+        "Glad",
+        "Happy",
+        "Just",
+        "So",
+        "Here",
+        "Still",
+        "Always",
+        "Only",
+        "Sure",
+        "Fine",
+        "Well",
+        "Very",
+        "Too",
+        "No",
+        "Yes",
+        "Your",
+        "Going",
+        "I",
+    }
+)
 
 
 class Generator:
     """The engine's steps on its model: builds each step's sampling and runs it on the
     batch scheduler, which owns the one llama.cpp context."""
 
-    def __init__(self, llm: Any, n_ctx: int, states: StateCache, n_parallel: int = DEFAULT_PARALLEL,
-                 n_threads: int = 1, n_threads_batch: int = 1) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        n_ctx: int,
+        states: StateCache,
+        n_parallel: int = DEFAULT_PARALLEL,
+        n_threads: int = 1,
+        n_threads_batch: int = 1,
+    ) -> None:
         self.llm: Any = llm  # None once closed
         self.n_ctx = n_ctx
         self.n_vocab: int = llm.n_vocab()
@@ -101,7 +133,9 @@ class Generator:
         self.states = states
         self.lock = threading.Lock()  # guards close
         self._banned: dict[bool, Any] = {}  # token ids: see _bans, filled by scan_vocabulary
-        self.scheduler = Scheduler(llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK, HOLD, HOLD_BURST)
+        self.scheduler = Scheduler(
+            llm, n_ctx, states, n_parallel, n_threads, n_threads_batch, PREFILL_CHUNK, HOLD, HOLD_BURST
+        )
 
     def close(self) -> None:
         with self.lock:
@@ -148,7 +182,10 @@ class Generator:
                 enders.append(tok)
             if _GLUED.match(p):
                 glued.append(tok)
-        self._banned = {False: np.array(control, dtype=np.intc), True: np.array(sorted(control + braces), dtype=np.intc)}
+        self._banned = {
+            False: np.array(control, dtype=np.intc),
+            True: np.array(sorted(control + braces), dtype=np.intc),
+        }
         self._enders = np.array(enders, dtype=np.intc)
         self._glued = np.array(glued, dtype=np.intc)
 
@@ -254,9 +291,18 @@ class Generator:
         return None if done is None else Usage(input_tokens=len(tokens), cached_tokens=job.cached)
 
     def generate(
-        self, npc_id: str, tokens: list[int], grammar_text: str | None, opts: GenerationOptions,
-        spoken: bool, speaker: str | None, stop: threading.Event, emit: Emit,
-        boost: dict[int, float] | None = None, recent: list[int] | None = None, unlabel: bool = False,
+        self,
+        npc_id: str,
+        tokens: list[int],
+        grammar_text: str | None,
+        opts: GenerationOptions,
+        spoken: bool,
+        speaker: str | None,
+        stop: threading.Event,
+        emit: Emit,
+        boost: dict[int, float] | None = None,
+        recent: list[int] | None = None,
+        unlabel: bool = False,
         say: list[str] | None = None,
     ) -> tuple[Usage, str] | None:
         """Runs one step: emits ``("text", delta)`` items, returns (usage, finish reason),
@@ -280,8 +326,9 @@ class Generator:
         grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
         step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel, say)
         # KV cells the answer may take: a spoken line can become a call batch (see Sampling)
-        reserve = min(max(step.limit, DEFAULT_MAX_TOKENS if spoken and not opts.max_tokens else 0),
-                      self.n_ctx - len(tokens))
+        reserve = min(
+            max(step.limit, DEFAULT_MAX_TOKENS if spoken and not opts.max_tokens else 0), self.n_ctx - len(tokens)
+        )
         job = Job(npc_id, tokens, stop, keep_last=True, step=step, reserve=reserve)
         finish = self.scheduler.submit(job)
         if finish is None:
@@ -313,9 +360,20 @@ class Sampling:
     once said, the values the game's tools answered said in the line's first sentence
     (``_ground``), and ``SpokenLine`` shaping a line of dialogue."""
 
-    def __init__(self, gen: Generator, tokens: list[int], grammar: Any, opts: GenerationOptions, spoken: bool,
-                 speaker: str | None, emit: Emit, boost: dict[int, float] | None, recent: list[int] | None,
-                 unlabel: bool, say: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        gen: Generator,
+        tokens: list[int],
+        grammar: Any,
+        opts: GenerationOptions,
+        spoken: bool,
+        speaker: str | None,
+        emit: Emit,
+        boost: dict[int, float] | None,
+        recent: list[int] | None,
+        unlabel: bool,
+        say: list[str] | None = None,
+    ) -> None:
         import numpy as np
 
         llm = gen.llm
@@ -349,7 +407,9 @@ class Sampling:
         self.limit = opts.max_tokens or (DEFAULT_LINE_TOKENS if spoken else DEFAULT_MAX_TOKENS)
         self.max_tokens = min(self.limit, gen.n_ctx - len(tokens))
         self.line = SpokenLine(soft_tokens=self.limit // 2, unlabel=unlabel) if spoken else None
-        self.name_tokens = list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
+        self.name_tokens = (
+            list(llm.tokenize((" " + speaker).encode("utf-8"), add_bos=False, special=False)) if speaker else []
+        )
         self.vocab = llm._model.vocab
         self.model = llm._model
         self.out = 0
@@ -444,7 +504,7 @@ class Sampling:
         gen = self.gen
         row = np.ctypeslib.as_array(ptr, shape=(gen.n_vocab,))
         if self.guard >= 0:  # a value just said stays that number: not "30", "3rd", "3.5", "3:10"
-            after = self.said[self.guard:]
+            after = self.said[self.guard :]
             if after in ("", ".", ",", ":", "/"):
                 row[gen._glued] = -np.inf
             if after:
@@ -493,8 +553,13 @@ class Sampling:
             how = "taken" if pressed < 0 else "pressed"
         else:
             return None
-        log.debug("said %r (%s: %.2f below the best token, %d tokens after the sentence would have ended)",
-                  value.text, how, gap, max(pressed, 0))
+        log.debug(
+            "said %r (%s: %.2f below the best token, %d tokens after the sentence would have ended)",
+            value.text,
+            how,
+            gap,
+            max(pressed, 0),
+        )
         self.how.append((value.text, how))
         return list(toks)
 

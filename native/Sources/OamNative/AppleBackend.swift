@@ -44,7 +44,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
         model = m
         guardrails = g
         // Load the model while the host finishes setting up; the first step's time to first
-        // token drops from ~1-3 s cold to ~0.6 s (research.md §4). `"prewarm": false` opts out.
+        // token drops from ~1-3 s cold to ~0.6 s (docs/design-notes.md, "Context, latency, usage"). `"prewarm": false` opts out.
         if config["prewarm"]?.bool ?? true, m.isAvailable {
             let s = LanguageModelSession(model: m)
             // UNVERIFIED(9): an Apple engineer (forums thread 844222) says a prewarm applies to
@@ -448,7 +448,7 @@ enum AppleMapping {
                 }
                 entries.append(.toolCalls(Transcript.ToolCalls(id: id, out)))
             case .toolOutput(let id, let toolName, let t):
-                // id == the ToolCall.id it answers (research.md: a mismatch fails inference).
+                // id == the ToolCall.id it answers (docs/design-notes.md, "The framework's tool loop": a mismatch fails inference).
                 entries.append(.toolOutput(Transcript.ToolOutput(id: id, toolName: toolName,
                                                                  segments: text(t, id: id + "-output"))))
             }

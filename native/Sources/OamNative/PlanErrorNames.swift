@@ -46,7 +46,7 @@ enum PlanErrorNames {
     ]
 
     /// `ModelManagerError` codes seen wrapped as underlying errors of an NSError.
-    /// UNVERIFIED(11): the meanings are guesses. research.md saw 1012 under load; other
+    /// UNVERIFIED(11): the meanings are guesses. docs/design-notes.md ("Context, latency, usage") records 1012 under load; other
     /// projects report 1013, 1026, 1041, 1042 and 1046 without saying what they mean. A code
     /// not listed maps to `generation_failed`, its domain and code kept in the message.
     static let modelManagerCodes: [Int: String] = [

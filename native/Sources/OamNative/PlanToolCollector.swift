@@ -11,7 +11,7 @@ import Foundation
 /// does every later one. FoundationModels ends a respond when a tool throws (Apple documents
 /// that `.required` "keeps calling tools until a tool throws an error from its
 /// `call(arguments:)`"), so the model task ends without depending on `Task.cancel()`
-/// reaching the suspended calls (research.md §4: the framework's internal task is not a
+/// reaching the suspended calls (docs/design-notes.md, "The framework's tool loop": the framework's internal task is not a
 /// plain child of ours). Calls that arrive after delivery are not reported to the host; their
 /// tool names are kept for `takeLateCalls()` so the step can say so in a warning.
 ///
