@@ -82,45 +82,71 @@ import trio  # noqa: E402
 
 # (name, who, what they know, question): with the instructions around them, about 100 prompt tokens
 PERSONAS = [
-    ("Greta", "the tavern keeper of the Gilded Flagon in Eldmoor",
-     "She knows every ale, stew and rumour in town and loves to tell travellers about them at length",
-     "What is on the menu tonight, and what would you recommend?"),
-    ("Brann", "the gate guard of Eldmoor",
-     "He has watched the north road for twenty years and remembers every caravan, bandit and storm",
-     "What has happened on the road this week?"),
-    ("Mira", "a travelling merchant with a cart full of goods",
-     "She sells silk, spices, lamps, rope, knives and maps, and she describes every item in detail",
-     "What do you have for sale today?"),
-    ("Old Tom", "a fisherman on the grey lake",
-     "He talks about the weather, the fish, the boats and the old days on the water",
-     "How was the fishing this morning?"),
-    ("Sister Ilse", "the healer at the temple of the dawn",
-     "She treats fevers, wounds and curses with herbs and prayers and explains her remedies carefully",
-     "I have a bad cough. What should I do?"),
-    ("Dorn", "the blacksmith by the river",
-     "He forges swords, horseshoes, nails and plough blades and is proud of his craft",
-     "Can you tell me how you make a good sword?"),
-    ("Lysa", "the court bard of the castle",
-     "She knows songs about every king, battle and lost love of the last hundred years",
-     "Tell me the story of the old king and the dragon."),
-    ("Harrow", "the old archivist of the castle library",
-     "He keeps maps, ledgers and chronicles and loves explaining the history of the realm",
-     "What is the history of this castle?"),
+    (
+        "Greta",
+        "the tavern keeper of the Gilded Flagon in Eldmoor",
+        "She knows every ale, stew and rumour in town and loves to tell travellers about them at length",
+        "What is on the menu tonight, and what would you recommend?",
+    ),
+    (
+        "Brann",
+        "the gate guard of Eldmoor",
+        "He has watched the north road for twenty years and remembers every caravan, bandit and storm",
+        "What has happened on the road this week?",
+    ),
+    (
+        "Mira",
+        "a travelling merchant with a cart full of goods",
+        "She sells silk, spices, lamps, rope, knives and maps, and she describes every item in detail",
+        "What do you have for sale today?",
+    ),
+    (
+        "Old Tom",
+        "a fisherman on the grey lake",
+        "He talks about the weather, the fish, the boats and the old days on the water",
+        "How was the fishing this morning?",
+    ),
+    (
+        "Sister Ilse",
+        "the healer at the temple of the dawn",
+        "She treats fevers, wounds and curses with herbs and prayers and explains her remedies carefully",
+        "I have a bad cough. What should I do?",
+    ),
+    (
+        "Dorn",
+        "the blacksmith by the river",
+        "He forges swords, horseshoes, nails and plough blades and is proud of his craft",
+        "Can you tell me how you make a good sword?",
+    ),
+    (
+        "Lysa",
+        "the court bard of the castle",
+        "She knows songs about every king, battle and lost love of the last hundred years",
+        "Tell me the story of the old king and the dragon.",
+    ),
+    (
+        "Harrow",
+        "the old archivist of the castle library",
+        "He keeps maps, ledgers and chronicles and loves explaining the history of the realm",
+        "What is the history of this castle?",
+    ),
 ]
 
 
 # --lore: the town's lore, the same for every NPC (about 250 tokens), before each persona
-LORE = ("Eldmoor is a walled town of four thousand souls in the valley of the grey river, three days north of "
-        "the capital. Its castle stands on the hill above the market square, where the Gilded Flagon, the temple "
-        "of the dawn and the guild hall face each other. The north road brings caravans of wool, salt and iron; "
-        "the river brings barges of grain and timber. Baron Aldric rules the town from the castle, his steward "
-        "Wendel collects the taxes on market days, and Captain Roswitha commands the forty guards of the walls. "
-        "This spring the harvest was poor, bread costs twice what it did, and people blame the miller. Bandits "
-        "were seen on the north road last month, so caravans now travel together with hired swords. A fever "
-        "came with the barges in the winter and the temple's healers still tend the sick. The old dragon of the "
-        "Ashen Peaks has not been seen for forty years, but shepherds speak of smoke on the mountain again. "
-        "Travellers pay two copper coins at the gate, a room at the Flagon costs five, and a sword from the "
-        "smithy costs three gold crowns. Everyone in Eldmoor knows these things and speaks of them freely. ")
+LORE = (
+    "Eldmoor is a walled town of four thousand souls in the valley of the grey river, three days north of "
+    "the capital. Its castle stands on the hill above the market square, where the Gilded Flagon, the temple "
+    "of the dawn and the guild hall face each other. The north road brings caravans of wool, salt and iron; "
+    "the river brings barges of grain and timber. Baron Aldric rules the town from the castle, his steward "
+    "Wendel collects the taxes on market days, and Captain Roswitha commands the forty guards of the walls. "
+    "This spring the harvest was poor, bread costs twice what it did, and people blame the miller. Bandits "
+    "were seen on the north road last month, so caravans now travel together with hired swords. A fever "
+    "came with the barges in the winter and the temple's healers still tend the sick. The old dragon of the "
+    "Ashen Peaks has not been seen for forty years, but shepherds speak of smoke on the mountain again. "
+    "Travellers pay two copper coins at the gate, a room at the Flagon costs five, and a sword from the "
+    "smithy costs three gold crowns. Everyone in Eldmoor knows these things and speaks of them freely. "
+)
 lore = False
 
 
@@ -130,12 +156,16 @@ def npc_prompt(i: int, rnd: int) -> tuple[str, str]:
     name, who, knows, question = PERSONAS[i % len(PERSONAS)]
     if i >= len(PERSONAS):
         name = f"{name} the {i // len(PERSONAS) + 1}th"
-    return (f"Day {rnd}. {LORE if lore else ''}You are {name}, {who}. {knows}. Stay in character and speak as {name} would, in plain "
-            f"spoken words. Give long, detailed answers that name many things, and never break character or "
-            f"mention being an AI."), question
+    return (
+        f"Day {rnd}. {LORE if lore else ''}You are {name}, {who}. {knows}. Stay in character and speak as {name} "
+        f"would, in plain "
+        f"spoken words. Give long, detailed answers that name many things, and never break character or "
+        f"mention being an AI."
+    ), question
 
 
 # -- llama-server: built once from the installed llama-cpp-python's sdist -----------------------
+
 
 def cache_root() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -158,8 +188,22 @@ def llama_server_binary() -> tuple[str, str]:
     if not os.path.isdir(os.path.join(src, "vendor", "llama.cpp")):
         with tempfile.TemporaryDirectory(dir=home) as dl:
             print(f"downloading the llama-cpp-python {version} sdist", flush=True)
-            subprocess.run([PY, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-binary", ":all:",
-                            "--no-deps", "-q", "-d", dl], check=True)
+            subprocess.run(
+                [
+                    PY,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"llama-cpp-python=={version}",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    "-q",
+                    "-d",
+                    dl,
+                ],
+                check=True,
+            )
             (sdist,) = [f for f in os.listdir(dl) if f.endswith(".tar.gz")]
             with tarfile.open(os.path.join(dl, sdist)) as tar:
                 tar.extractall(dl, filter="data")
@@ -168,11 +212,26 @@ def llama_server_binary() -> tuple[str, str]:
             os.rename(os.path.join(dl, top), src)
     t0 = time.monotonic()
     print("building llama-server (a few minutes on 2 cores)", flush=True)
-    subprocess.run(["cmake", "-S", os.path.join(src, "vendor", "llama.cpp"), "-B", build, "-DLLAMA_BUILD_SERVER=ON",
-                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", build, "--target", "llama-server", f"-j{os.cpu_count() or 2}"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            os.path.join(src, "vendor", "llama.cpp"),
+            "-B",
+            build,
+            "-DLLAMA_BUILD_SERVER=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DGGML_NATIVE=ON",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(
+        ["cmake", "--build", build, "--target", "llama-server", f"-j{os.cpu_count() or 2}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     print(f"built llama-server in {time.monotonic() - t0:.0f} s", flush=True)
     return binary, version
 
@@ -210,8 +269,27 @@ class LlamaServer:
     def __init__(self, binary: str, model: str, n: int, ctx: int, threads: int, batch_threads: int) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-np", str(n), "-cb",
-                     "-c", str(ctx * n), "-t", str(threads), "-tb", str(batch_threads), "--ignore-eos", "--jinja", "--no-webui"]
+        self.argv = [
+            binary,
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-np",
+            str(n),
+            "-cb",
+            "-c",
+            str(ctx * n),
+            "-t",
+            str(threads),
+            "-tb",
+            str(batch_threads),
+            "--ignore-eos",
+            "--jinja",
+            "--no-webui",
+        ]
         self.log = tempfile.TemporaryFile()
         self.p = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 120
@@ -242,6 +320,7 @@ class LlamaServer:
 
 # -- one round: N NPCs asking at once ----------------------------------------------------------
 
+
 @dataclass
 class Round:
     ttft: list[float]  # per NPC, seconds from the send of the first request
@@ -270,14 +349,23 @@ class Bridge:
 
     def __init__(self, args: list[str], root: str = ROOT, launcher: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=root)
-        self.p = subprocess.Popen([*(launcher or [PY, "-m", "bridge"]), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, cwd=root, env=env, bufsize=0)
+        self.p = subprocess.Popen(
+            [*(launcher or [PY, "-m", "bridge"]), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=root,
+            env=env,
+            bufsize=0,
+        )
         self.ids = 0
         self.call("initialize", {"protocolVersion": 1})
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
         self.ids += 1
-        return self.ids, json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n"
+        return self.ids, json.dumps(
+            {"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}
+        ).encode() + b"\n"
 
     def line(self) -> dict[str, Any]:
         assert self.p.stdout is not None
@@ -302,10 +390,19 @@ class Bridge:
         ids = [f"r{rnd}n{i}" for i in range(n)]
         for i, npc in enumerate(ids):
             instructions, _ = npc_prompt(i, rnd)
-            self.call("npc/create", {"npcId": npc, "engine": engine, "instructions": instructions,
-                                     "options": {"temperature": 0, "maxTokens": budgets[i], "seed": 1}})
-        batch = b"".join(self.request("npc/respond", {"npcId": npc, "prompt": npc_prompt(i, rnd)[1], "fullText": False})[1]
-                         for i, npc in enumerate(ids))
+            self.call(
+                "npc/create",
+                {
+                    "npcId": npc,
+                    "engine": engine,
+                    "instructions": instructions,
+                    "options": {"temperature": 0, "maxTokens": budgets[i], "seed": 1},
+                },
+            )
+        batch = b"".join(
+            self.request("npc/respond", {"npcId": npc, "prompt": npc_prompt(i, rnd)[1], "fullText": False})[1]
+            for i, npc in enumerate(ids)
+        )
         pids = [self.p.pid, *extra_pids]
         assert self.p.stdin is not None
         cpu0 = cpu_seconds(pids)
@@ -331,13 +428,26 @@ class Bridge:
         cores = (cpu_seconds(pids) - cpu0) / wall
         for npc in ids:
             self.call("npc/delete", {"npcId": npc})
-        return Round([first.get(x, done[x]) for x in ids], [done[x] for x in ids],
-                     [usage[x]["outputTokens"] for x in ids], [usage[x]["inputTokens"] for x in ids], wall, cores)
+        return Round(
+            [first.get(x, done[x]) for x in ids],
+            [done[x] for x in ids],
+            [usage[x]["outputTokens"] for x in ids],
+            [usage[x]["inputTokens"] for x in ids],
+            wall,
+            cores,
+        )
 
     def warm(self, engine: str) -> None:
         """Loads the engine (its model, its connection) before anything is timed."""
-        self.call("npc/create", {"npcId": "warm", "engine": engine, "instructions": "You are a guard.",
-                                 "options": {"temperature": 0, "maxTokens": 4}})
+        self.call(
+            "npc/create",
+            {
+                "npcId": "warm",
+                "engine": engine,
+                "instructions": "You are a guard.",
+                "options": {"temperature": 0, "maxTokens": 4},
+            },
+        )
         self.call("npc/respond", {"npcId": "warm", "prompt": "Hello!"})
         while self.line().get("method") not in ("turn/completed", "turn/failed"):
             pass
@@ -365,9 +475,15 @@ async def server_round(server: LlamaServer, rnd: int, budgets: list[int]) -> Rou
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         instructions, question = npc_prompt(i, rnd)
-        body = {"messages": [{"role": "system", "content": instructions}, {"role": "user", "content": question}],
-                "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "seed": 1,
-                "max_tokens": budgets[i], "ignore_eos": True}
+        body = {
+            "messages": [{"role": "system", "content": instructions}, {"role": "user", "content": question}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+            "seed": 1,
+            "max_tokens": budgets[i],
+            "ignore_eos": True,
+        }
         await go.wait()
         async with client.stream("POST", f"{server.url}/v1/chat/completions", json=body) as resp:
             resp.raise_for_status()
@@ -394,17 +510,22 @@ async def server_round(server: LlamaServer, rnd: int, budgets: list[int]) -> Rou
             go.set()
         wall = max(done)
         cores = (cpu_seconds([server.p.pid]) - cpu0) / wall
-    return Round([f if f is not None else d for f, d in zip(first, done)], done, tokens, prompt, wall, cores)
+    return Round(
+        [f if f is not None else d for f, d in zip(first, done, strict=True)], done, tokens, prompt, wall, cores
+    )
 
 
 async def server_warm(server: LlamaServer) -> None:
     async with httpx.AsyncClient(timeout=120) as client:
-        r = await client.post(f"{server.url}/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4, "temperature": 0})
+        r = await client.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4, "temperature": 0},
+        )
         r.raise_for_status()
 
 
 # -- the report --------------------------------------------------------------------------------
+
 
 @dataclass
 class Side:
@@ -416,15 +537,20 @@ class Side:
 
     def row(self) -> str:
         m = self.med
-        return (f"{self.label:<30}{m(lambda r: r.tok_s):>7.1f}{m(lambda r: sum(r.tokens)):>7.0f}"
-                f"{m(lambda r: st.median(r.prompt_tokens)):>6.0f}"
-                f"{m(lambda r: st.median(r.ttft)):>8.2f}{m(lambda r: pct(r.ttft, 0.95)):>7.2f}{m(lambda r: max(r.ttft)):>7.2f}"
-                f"{m(lambda r: min(r.ttft)):>7.2f}{m(lambda r: st.median(r.done)):>8.2f}{m(lambda r: max(r.done)):>7.2f}"
-                f"{m(lambda r: r.cores):>7.2f}")
+        return (
+            f"{self.label:<30}{m(lambda r: r.tok_s):>7.1f}{m(lambda r: sum(r.tokens)):>7.0f}"
+            f"{m(lambda r: st.median(r.prompt_tokens)):>6.0f}"
+            f"{m(lambda r: st.median(r.ttft)):>8.2f}{m(lambda r: pct(r.ttft, 0.95)):>7.2f}"
+            f"{m(lambda r: max(r.ttft)):>7.2f}"
+            f"{m(lambda r: min(r.ttft)):>7.2f}{m(lambda r: st.median(r.done)):>8.2f}{m(lambda r: max(r.done)):>7.2f}"
+            f"{m(lambda r: r.cores):>7.2f}"
+        )
 
 
-HEADER = (f"{'side':<30}{'tok/s':>7}{'out':>7}{'in':>6}{'TTFT50':>8}{'p95':>7}{'max':>7}{'first':>7}"
-          f"{'done50':>8}{'max':>7}{'cores':>7}")
+HEADER = (
+    f"{'side':<30}{'tok/s':>7}{'out':>7}{'in':>6}{'TTFT50':>8}{'p95':>7}{'max':>7}{'first':>7}"
+    f"{'done50':>8}{'max':>7}{'cores':>7}"
+)
 
 
 def ratio(a: float, b: float) -> str:
@@ -437,7 +563,7 @@ def paired(a: Side, b: Side, f: Any) -> str:
     ratio of medians taken minutes apart. From 5 repeats on, also the 90% interval of that
     median (bootstrap over the repeats): a median above 1 whose interval holds 1 is not
     a measured loss, nor one below 1 a gain."""
-    rs = sorted(f(x) / f(y) for x, y in zip(a.rounds, b.rounds) if f(y))
+    rs = sorted(f(x) / f(y) for x, y in zip(a.rounds, b.rounds, strict=True) if f(y))
     if not rs:
         return "n/a"
     interval = ""
@@ -454,19 +580,31 @@ def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
     worst = lambda x: x.med(lambda q: max(q.ttft))  # noqa: E731
     first = lambda x: x.med(lambda q: min(q.ttft))  # noqa: E731
     p50 = lambda x: x.med(lambda q: st.median(q.ttft))  # noqa: E731
-    print(f"  bridge / llama-server: tok/s {ratio(tok(b), tok(s))}{' (goal >= 1)' if goal_tok else ''}, "
-          f"worst TTFT {ratio(worst(b), worst(s))} (goal <= 1), first NPC's TTFT {ratio(first(b), first(s))}")
+    print(
+        f"  bridge / llama-server: tok/s {ratio(tok(b), tok(s))}{' (goal >= 1)' if goal_tok else ''}, "
+        f"worst TTFT {ratio(worst(b), worst(s))} (goal <= 1), first NPC's TTFT {ratio(first(b), first(s))}"
+    )
     if len(b.rounds) > 1:
-        print(f"  the same, paired by repeat (each round against the llama-server round after it; median "
-              f"[range, 90% interval of the median]): tok/s {paired(b, s, lambda q: q.tok_s)}, worst TTFT {paired(b, s, lambda q: max(q.ttft))}")
+        print(
+            f"  the same, paired by repeat (each round against the llama-server round after it; median "
+            f"[range, 90% interval of the median]): tok/s {paired(b, s, lambda q: q.tok_s)}, "
+            f"worst TTFT {paired(b, s, lambda q: max(q.ttft))}"
+        )
     if old is not None:
-        print(f"  bridge / baseline: tok/s {ratio(tok(b), tok(old))}{' (goal >= 1)' if n == 1 else ''}, "
-              f"first NPC's TTFT {ratio(first(b), first(old))} (goal <= 1), worst TTFT {ratio(worst(b), worst(old))}")
+        print(
+            f"  bridge / baseline: tok/s {ratio(tok(b), tok(old))}{' (goal >= 1)' if n == 1 else ''}, "
+            f"first NPC's TTFT {ratio(first(b), first(old))} (goal <= 1), worst TTFT {ratio(worst(b), worst(old))}"
+        )
         if len(b.rounds) > 1:
-            print(f"  the same, paired by repeat: tok/s {paired(b, old, lambda q: q.tok_s)}, "
-                  f"first NPC's TTFT {paired(b, old, lambda q: min(q.ttft))}, worst TTFT {paired(b, old, lambda q: max(q.ttft))}")
-    print(f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
-          f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms")
+            print(
+                f"  the same, paired by repeat: tok/s {paired(b, old, lambda q: q.tok_s)}, "
+                f"first NPC's TTFT {paired(b, old, lambda q: min(q.ttft))}, "
+                f"worst TTFT {paired(b, old, lambda q: max(q.ttft))}"
+            )
+    print(
+        f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
+        f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms"
+    )
 
 
 def main() -> None:
@@ -475,15 +613,28 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="maxTokens per NPC")
     ap.add_argument("--repeat", type=int, default=3, help="rounds per side and N; medians are printed")
     ap.add_argument("--threads", type=int, default=0, help="decode threads, both sides (default cores - 1)")
-    ap.add_argument("--ctx", type=int, default=2048, help="context per NPC: the bridge's --llama-ctx, llama-server's -c / N")
+    ap.add_argument(
+        "--ctx", type=int, default=2048, help="context per NPC: the bridge's --llama-ctx, llama-server's -c / N"
+    )
     ap.add_argument("--baseline", metavar="REV", help="also run the bridge side from this git revision")
-    ap.add_argument("--server-tokens", choices=["bridge", "full"], default="bridge",
-                    help="bridge: each NPC on llama-server asks for what it generated through the bridge; full: --tokens")
-    ap.add_argument("--server-tb", type=int, default=0,
-                    help="llama-server's -tb: prompts and batches of several NPCs (default: every core)")
+    ap.add_argument(
+        "--server-tokens",
+        choices=["bridge", "full"],
+        default="bridge",
+        help="bridge: each NPC on llama-server asks for what it generated through the bridge; full: --tokens",
+    )
+    ap.add_argument(
+        "--server-tb",
+        type=int,
+        default=0,
+        help="llama-server's -tb: prompts and batches of several NPCs (default: every core)",
+    )
     ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
-    ap.add_argument("--lore", action="store_true",
-                    help="every NPC's instructions start with the same town lore (~250 tokens): the shared prefix")
+    ap.add_argument(
+        "--lore",
+        action="store_true",
+        help="every NPC's instructions start with the same town lore (~250 tokens): the shared prefix",
+    )
     args = ap.parse_args()
     global lore
     lore = args.lore
@@ -498,20 +649,25 @@ def main() -> None:
 
     model = default_model_path()
     binary, version = llama_server_binary()
-    print(f"model {os.path.basename(model)}; llama-server from llama-cpp-python {version}'s llama.cpp; "
-          f"{cores} cores; decode threads {threads} (bridge --llama-threads {threads}, llama-server -t {threads}), "
-          f"prompt threads {cores} (bridge: all cores), llama-server -tb {server_tb} (prompts and multi-NPC batches); context {args.ctx} per NPC; "
-          f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
-          f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
-          f"medians of {args.repeat}{'; every NPC starts with the same town lore (--lore)' if lore else ''}", flush=True)
+    print(
+        f"model {os.path.basename(model)}; llama-server from llama-cpp-python {version}'s llama.cpp; "
+        f"{cores} cores; decode threads {threads} (bridge --llama-threads {threads}, llama-server -t {threads}), "
+        f"prompt threads {cores} (bridge: all cores), llama-server -tb {server_tb} (prompts and multi-NPC batches); "
+        f"context {args.ctx} per NPC; "
+        f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
+        f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
+        f"medians of {args.repeat}{'; every NPC starts with the same town lore (--lore)' if lore else ''}",
+        flush=True,
+    )
 
     worktree = None
     bridges = {"bridge": Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)])}
     try:
         if args.baseline:
             worktree = add_worktree(args.baseline)
-            bridges["baseline"] = Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
-                                         root=worktree)
+            bridges["baseline"] = Bridge(
+                ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)], root=worktree
+            )
         for b in bridges.values():
             b.warm("llama")
         rnd = 0
@@ -540,8 +696,10 @@ def main() -> None:
             finally:
                 remote.close()
                 server.close()
-            print(f"\nN = {n} NPCs at once (seconds; tok/s = all output tokens / wall; out = output tokens, "
-                  f"in = prompt tokens per NPC; cores = CPU time / wall)")
+            print(
+                f"\nN = {n} NPCs at once (seconds; tok/s = all output tokens / wall; out = output tokens, "
+                f"in = prompt tokens per NPC; cores = CPU time / wall)"
+            )
             print(HEADER)
             for side in sides.values():
                 print(side.row())

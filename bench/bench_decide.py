@@ -29,9 +29,15 @@ from bench_batch import Bridge, add_worktree, cpu_seconds, npc_prompt, remove_wo
 OPTIONS = [
     {"name": "welcome", "description": "greet the stranger and offer a seat"},
     {"name": "turn_away", "description": "tell the stranger to leave"},
-    {"name": "call_guard", "description": "send for the town guard",
-     "parameters": {"type": "object", "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}},
-                    "required": ["urgency"]}},
+    {
+        "name": "call_guard",
+        "description": "send for the town guard",
+        "parameters": {
+            "type": "object",
+            "properties": {"urgency": {"type": "string", "enum": ["low", "high"]}},
+            "required": ["urgency"],
+        },
+    },
 ]
 SITUATION = "A hooded stranger with a bloodied sword walks up to you after dark and asks for help."
 
@@ -39,10 +45,18 @@ SITUATION = "A hooded stranger with a bloodied sword walks up to you after dark 
 def decide_round(br: Bridge, rnd: int, n: int, temperature: float) -> tuple[float, list[float], list[int], float]:
     ids = [f"d{rnd}n{i}" for i in range(n)]
     for i, npc in enumerate(ids):
-        br.call("npc/create", {"npcId": npc, "engine": "llama", "instructions": npc_prompt(i, rnd)[0],
-                               "options": {"temperature": temperature, "maxTokens": 120, "seed": i}})
-    batch = b"".join(br.request("npc/decide", {"npcId": npc, "situation": SITUATION, "options": OPTIONS})[1]
-                     for npc in ids)
+        br.call(
+            "npc/create",
+            {
+                "npcId": npc,
+                "engine": "llama",
+                "instructions": npc_prompt(i, rnd)[0],
+                "options": {"temperature": temperature, "maxTokens": 120, "seed": i},
+            },
+        )
+    batch = b"".join(
+        br.request("npc/decide", {"npcId": npc, "situation": SITUATION, "options": OPTIONS})[1] for npc in ids
+    )
     assert br.p.stdin is not None
     cpu0 = cpu_seconds([br.p.pid])
     t0 = time.perf_counter()
@@ -74,8 +88,11 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="the NPCs' temperature (default greedy)")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
-    print(f"{cores} cores; bridge --engine llama with its defaults; npc/decide, 3 options, reasoning first, "
-          f"temperature {args.temperature}, maxTokens 120; medians of {args.repeat}", flush=True)
+    print(
+        f"{cores} cores; bridge --engine llama with its defaults; npc/decide, 3 options, reasoning first, "
+        f"temperature {args.temperature}, maxTokens 120; medians of {args.repeat}",
+        flush=True,
+    )
     worktree = None
     sides = {"bridge": Bridge(["--engine", "llama"])}
     try:
@@ -98,13 +115,18 @@ def main() -> None:
             for name, rs in rows.items():
                 tps[name] = st.median(sum(r[2]) / r[0] for r in rs)
                 worst[name] = st.median(r[0] for r in rs)
-                print(f"{name:28} {tps[name]:7.1f} {st.median(sum(r[2]) for r in rs):6.0f} "
-                      f"{st.median(st.median(r[1]) for r in rs):7.2f} {worst[name]:6.2f} "
-                      f"{st.median(r[3] for r in rs):6.2f}")
+                print(
+                    f"{name:28} {tps[name]:7.1f} {st.median(sum(r[2]) for r in rs):6.0f} "
+                    f"{st.median(st.median(r[1]) for r in rs):7.2f} {worst[name]:6.2f} "
+                    f"{st.median(r[3] for r in rs):6.2f}"
+                )
             if len(sides) > 1:
                 base = list(sides)[1]
-                print(f"  bridge / baseline: tok/s {tps['bridge'] / tps[base]:.2f}, "
-                      f"last decision {worst['bridge'] / worst[base]:.2f}", flush=True)
+                print(
+                    f"  bridge / baseline: tok/s {tps['bridge'] / tps[base]:.2f}, "
+                    f"last decision {worst['bridge'] / worst[base]:.2f}",
+                    flush=True,
+                )
     finally:
         for br in sides.values():
             br.close()

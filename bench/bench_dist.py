@@ -42,9 +42,17 @@ def sizes() -> list[tuple[str, int]]:
         "model (models/)": [p for p in every if internal / "models" in p.parents],
         "llama.cpp libraries (llama_cpp/lib)": [p for p in every if internal / "llama_cpp" / "lib" in p.parents],
         "libOamNative + Swift runtime": [p for p in every if p.parent == internal and p.name.startswith(SWIFT)],
-        "Python (libpython, stdlib, executable)": [p for p in every if p.name.startswith("libpython") or p == FROZEN
-                                                   or internal / "python3.11" in p.parents or p.name == "base_library.zip"],
-        "numpy (+ OpenBLAS), needed by llama_cpp": [p for p in every if internal / "numpy" in p.parents or internal / "numpy.libs" in p.parents],
+        "Python (libpython, stdlib, executable)": [
+            p
+            for p in every
+            if p.name.startswith("libpython")
+            or p == FROZEN
+            or internal / "python3.11" in p.parents
+            or p.name == "base_library.zip"
+        ],
+        "numpy (+ OpenBLAS), needed by llama_cpp": [
+            p for p in every if internal / "numpy" in p.parents or internal / "numpy.libs" in p.parents
+        ],
     }
     counted = {p for ps in groups.values() for p in ps}
     rows = [(k, size(v)) for k, v in groups.items()]
@@ -55,7 +63,9 @@ def sizes() -> list[tuple[str, int]]:
 def start_once(cmd: list[str], env: dict[str, str], cwd: str, create: bool) -> tuple[float, float | None]:
     """Seconds from spawn to `initialize` answered, and to the first `npc/create` answered."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
+    p = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd
+    )
     assert p.stdin and p.stdout
 
     def call(id_: int, method: str, params: dict[str, object]) -> dict[str, object]:
@@ -96,7 +106,10 @@ def main() -> int:
         print("dist/oam-bridge/oam-bridge is missing: run `make dist` first", file=sys.stderr)
         return 1
 
-    print(f"## dist/oam-bridge/ ({', '.join(p.name for p in sorted((DIST / '_internal' / 'models').glob('*')) ) or 'no model'})\n")
+    print(
+        f"## dist/oam-bridge/ "
+        f"({', '.join(p.name for p in sorted((DIST / '_internal' / 'models').glob('*'))) or 'no model'})\n"
+    )
     rows = sizes()
     total = rows[0][1]
     print("| part | MiB | share |\n|---|---:|---:|")
@@ -112,14 +125,16 @@ def main() -> int:
     ]
     times: dict[str, list[tuple[float, float | None]]] = {t[0]: [] for t in targets}
     with tempfile.TemporaryDirectory() as cwd:
-        for name, cmd, env, create in targets:  # one unmeasured run each: warm the page cache
+        for _name, cmd, env, create in targets:  # one unmeasured run each: warm the page cache
             start_once(cmd, env, cwd, create)
         for _ in range(args.runs):  # interleaved, so drift on a shared machine hits all alike
             for name, cmd, env, create in targets:
                 times[name].append(start_once(cmd, env, cwd, create))
 
     print(f"\n## start-up, median of {args.runs} (min-max), ms\n")
-    print("| bridge | spawn -> initialize answered | spawn -> first npc/create answered (model loaded) |\n|---|---:|---:|")
+    print(
+        "| bridge | spawn -> initialize answered | spawn -> first npc/create answered (model loaded) |\n|---|---:|---:|"
+    )
     for name, _, _, create in targets:
         init = [t[0] * 1000 for t in times[name]]
         cell = f"{statistics.median(init):.0f} ({min(init):.0f}-{max(init):.0f})"

@@ -47,8 +47,12 @@ from scene import INVENTORY, LINES, TOOLS  # noqa: E402 - the demo's own tool, s
 from bridge.engines.llama._lines import value_pattern  # noqa: E402
 
 # demo/scene.py's Greta (its create call, in main()); the demo's options are DEMO_OPTIONS
-KEEPER = {"name": "Greta", "role": "the keeper of the Rusty Flagon tavern", "traits": ["gruff", "warm-hearted"],
-          "speechStyle": "Short, plain sentences."}
+KEEPER = {
+    "name": "Greta",
+    "role": "the keeper of the Rusty Flagon tavern",
+    "traits": ["gruff", "warm-hearted"],
+    "speechStyle": "Short, plain sentences.",
+}
 DEMO_OPTIONS = {"temperature": 0.0, "maxTokens": 60, "seed": 7}
 SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*$")
 VARIANT = re.compile(r"llama\.cpp CPU backend: (.+)$")
@@ -59,9 +63,16 @@ class Bridge:
     """One ``oam-bridge`` subprocess on the llama engine, spoken to line by line."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "llama"], cwd=ROOT, env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, bufsize=1)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "--engine", "llama"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.stderr: queue.Queue[str] = queue.Queue()
         self.variant = ""  # as the bridge says it on stderr when the model loads
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -86,7 +97,9 @@ class Bridge:
     def send(self, method: str, params: dict[str, Any]) -> int:
         assert self.p.stdin is not None
         self.next_id += 1
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n"
+        )
         self.p.stdin.flush()
         return self.next_id
 
@@ -119,8 +132,10 @@ class Bridge:
             if msg["method"] == "turn/toolCallRequested":
                 calls.append(p)
                 item = p["arguments"].get("item", "")
-                self.send("npc/submit", {"npcId": npc, "callId": p["callId"],
-                                         "output": {"item": item, "inStock": INVENTORY.get(item, 0)}})
+                self.send(
+                    "npc/submit",
+                    {"npcId": npc, "callId": p["callId"], "output": {"item": item, "inStock": INVENTORY.get(item, 0)}},
+                )
             elif msg["method"] == "turn/completed":
                 return p, calls
             elif msg["method"] == "turn/failed":
@@ -180,15 +195,27 @@ def play(bridge: Bridge, npc: str, options: dict[str, Any], row: Row) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20, help="seeds per configuration at --temperature")
-    ap.add_argument("--temperature", type=float, default=0.7, help="the seeded runs' temperature (the engine's default)")
-    ap.add_argument("--variants", default="best,haswell", help="CPU variants: best (this CPU's), or a name for $OAM_LLAMA_CPU")
-    ap.add_argument("--modes", default="on,off", help="grounding on ($OAM_LLAMA_GROUNDED=1) and off (the soft bias alone)")
+    ap.add_argument(
+        "--temperature", type=float, default=0.7, help="the seeded runs' temperature (the engine's default)"
+    )
+    ap.add_argument(
+        "--variants", default="best,haswell", help="CPU variants: best (this CPU's), or a name for $OAM_LLAMA_CPU"
+    )
+    ap.add_argument(
+        "--modes", default="on,off", help="grounding on ($OAM_LLAMA_GROUNDED=1) and off (the soft bias alone)"
+    )
     ap.add_argument("--show", action="store_true", help="print every line")
     args = ap.parse_args()
-    print(f"demo/scene.py's keeper: {LINES[1][0]!r} -> check_inventory(ale) -> in stock {INVENTORY['ale']}; "
-          f"per configuration the demo's options {DEMO_OPTIONS} once, then {args.seeds} seeds at temperature "
-          f"{args.temperature} (maxTokens 60); one NPC at a time", flush=True)
-    header = "| CPU variant | grounding | temperature | lines | tool called | said | once | sentence end | brace | words | how | s/line |"
+    print(
+        f"demo/scene.py's keeper: {LINES[1][0]!r} -> check_inventory(ale) -> in stock {INVENTORY['ale']}; "
+        f"per configuration the demo's options {DEMO_OPTIONS} once, then {args.seeds} seeds at temperature "
+        f"{args.temperature} (maxTokens 60); one NPC at a time",
+        flush=True,
+    )
+    header = (
+        "| CPU variant | grounding | temperature | lines | tool called | said | once | sentence end | brace | words "
+        "| how | s/line |"
+    )
     rows: list[str] = []
     for variant in args.variants.split(","):
         for mode in args.modes.split(","):
@@ -199,7 +226,9 @@ def main() -> None:
                 env["OAM_LLAMA_CPU"] = variant
             bridge = Bridge(env)
             try:
-                bridge.call("initialize", {"protocolVersion": 1, "clientInfo": {"name": "bench-grounded", "version": "1"}})
+                bridge.call(
+                    "initialize", {"protocolVersion": 1, "clientInfo": {"name": "bench-grounded", "version": "1"}}
+                )
                 runs = [(0.0, [DEMO_OPTIONS["seed"]]), (args.temperature, list(range(1, args.seeds + 1)))]
                 for temp, seeds in runs:
                     row = Row()
@@ -208,11 +237,14 @@ def main() -> None:
                     name = f"{variant} ({bridge.variant})" if bridge.variant else variant
                     n = len(row.lines)
                     how = ", ".join(f"{k} {v}" for k, v in sorted(row.how.items()))
-                    rows.append(f"| {name} | {mode} | {temp:g} | {n} | {row.asked}/{n} | **{row.said}/{n}** | {row.once}/{row.said} | "
-                                f"{row.ends}/{n} | {row.braces}/{n} | {st.median(row.words):g} | {how} | {st.median(row.secs):.2f} |")
+                    rows.append(
+                        f"| {name} | {mode} | {temp:g} | {n} | {row.asked}/{n} | **{row.said}/{n}** | "
+                        f"{row.once}/{row.said} | {row.ends}/{n} | {row.braces}/{n} | {st.median(row.words):g} | "
+                        f"{how} | {st.median(row.secs):.2f} |"
+                    )
                     print(rows[-1], flush=True)
                     if args.show:
-                        for seed, text in zip(seeds, row.lines):
+                        for seed, text in zip(seeds, row.lines, strict=True):
                             print(f"    seed {seed}: {text}")
             finally:
                 bridge.close()

@@ -50,7 +50,10 @@ def save(npc_id: str, turns: int) -> dict[str, Any]:
         "version": 1,
         "config": {"npcId": npc_id, "instructions": "You are Greta, the tavern keeper. Be brief."},
         "turns": [
-            [{"role": "user", "content": f"Good evening, Greta. What news on day {i}?"}, {"role": "assistant", "content": f"Quiet, traveller. Day {i} brought rain and two merchants."}]
+            [
+                {"role": "user", "content": f"Good evening, Greta. What news on day {i}?"},
+                {"role": "assistant", "content": f"Quiet, traveller. Day {i} brought rain and two merchants."},
+            ]
             for i in range(turns)
         ],
     }
@@ -58,10 +61,17 @@ def save(npc_id: str, turns: int) -> dict[str, Any]:
 
 class Bridge:
     def __init__(self, root: str) -> None:
-        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        }
         self.p = subprocess.Popen(
             [sys.executable, "-m", "bridge", "--engine", "scripted"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=root,
+            env=env,
         )
         self.lines: queue.Queue[bytes] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -125,7 +135,9 @@ def measure(b: Bridge, length: int, npcs: int, rounds: int, batches: int, max_s:
         before = cpu_s(b.p.pid)
         deadline = time.perf_counter() + max_s
         for r in range(rounds):
-            ids = b.send([{"method": "npc/respond", "params": {"npcId": n, "prompt": f"And today, round {r}?"}} for n in names])
+            ids = b.send(
+                [{"method": "npc/respond", "params": {"npcId": n, "prompt": f"And today, round {r}?"}} for n in names]
+            )
             b.wait(ids, len(names), deadline)
         out.append((cpu_s(b.p.pid) - before) / (rounds * npcs) * 1000)
     return out[1:]
@@ -138,12 +150,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20, help="turns per NPC per batch")
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--max-seconds", type=float, default=60)
-    ap.add_argument("--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)")
+    ap.add_argument(
+        "--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)"
+    )
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     b = Bridge(os.path.abspath(args.root))
     b.wait(b.send([{"method": "initialize", "params": {"protocolVersion": 1}}]), 0, time.perf_counter() + 30)
-    print(f"bridge CPU per turn (median of {args.batches} batches of {args.rounds * args.npcs} turns; {args.npcs} NPCs; scripted engine)")
+    print(
+        f"bridge CPU per turn (median of {args.batches} batches of {args.rounds * args.npcs} turns; {args.npcs} NPCs; "
+        "scripted engine)"
+    )
     print(f"{'history':>10}  {'CPU/turn':>10}  {'vs 0':>7}  {'batches (ms)':s}")
     base: float | None = None
     for length in lengths:
@@ -158,7 +175,11 @@ def main() -> None:
             base = med
         ratio = med / base if base else float("nan")
         goal = "" if length == lengths[0] else ("  within 2x" if ratio <= 2 else "  OVER 2x")
-        print(f"{length:>10,}  {med:>7.3f} ms  {ratio:>6.2f}x  {', '.join(f'{x:.3f}' for x in samples)}{goal}   RSS {rss_mib(b.p.pid):.0f} MiB", flush=True)
+        print(
+            f"{length:>10,}  {med:>7.3f} ms  {ratio:>6.2f}x  {', '.join(f'{x:.3f}' for x in samples)}{goal}   "
+            f"RSS {rss_mib(b.p.pid):.0f} MiB",
+            flush=True,
+        )
     b.close()
 
 

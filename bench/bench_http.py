@@ -64,9 +64,26 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
 def start_llama_cpp_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [*llama_cpp_server_command(), "--model", model, "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--n_ctx", "8192",
-         "--interrupt_requests", "False", "--verbose", "False"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            *llama_cpp_server_command(),
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            "1",
+            "--n_ctx",
+            "8192",
+            "--interrupt_requests",
+            "False",
+            "--verbose",
+            "False",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}/v1"
     wait_ready(url, proc)
@@ -75,8 +92,13 @@ def start_llama_cpp_server(model: str) -> tuple[subprocess.Popen[bytes], str]:
 
 def start_oam_serve() -> tuple[subprocess.Popen[bytes], str]:
     code = "import sys; from bridge.hosts.http.app import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "--engine", "llama", "--llama-threads", "1", "--port", "0"],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--engine", "llama", "--llama-threads", "1", "--port", "0"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     seen = ""
     found = None
@@ -94,8 +116,14 @@ def start_oam_serve() -> tuple[subprocess.Popen[bytes], str]:
 
 def one(client: httpx.Client, url: str, model: str, count: Any) -> tuple[float, float, int]:
     """(time to first token, decode tokens/s, tokens) of one streamed completion."""
-    body = {"model": model, "stream": True, "temperature": 0, "seed": 1, "max_tokens": MAX_TOKENS,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]}
+    body = {
+        "model": model,
+        "stream": True,
+        "temperature": 0,
+        "seed": 1,
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
+    }
     if model == "llama":
         body["stream_options"] = {"include_usage": True}
     text, first, last, usage = "", 0.0, 0.0, None
@@ -146,7 +174,7 @@ def main() -> None:
         servers["oam serve"] = (u, "llama")
         results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in servers}
         with httpx.Client(timeout=120) as client:
-            for name, (url, model_name) in servers.items():
+            for _name, (url, model_name) in servers.items():
                 one(client, url, model_name, count)  # warm-up: the model loaded, caches filled
             for _ in range(args.runs):
                 for name, (url, model_name) in servers.items():
@@ -168,7 +196,10 @@ def main() -> None:
         med[name] = (ttft, rate)
         print(f"{name:<18} {ttft:>15.1f} {rate:>13.1f} {toks:>7.0f}")
     base, ours = med["llama_cpp.server"], med["oam serve"]
-    print(f"oam serve / llama_cpp.server: first token {ours[0] / base[0]:.2f}x ({ours[0] - base[0]:+.1f} ms), decode {ours[1] / base[1]:.2f}x")
+    print(
+        f"oam serve / llama_cpp.server: first token {ours[0] / base[0]:.2f}x ({ours[0] - base[0]:+.1f} ms), "
+        f"decode {ours[1] / base[1]:.2f}x"
+    )
 
 
 if __name__ == "__main__":

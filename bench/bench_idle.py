@@ -29,10 +29,17 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINES = ["What herbs do you sell?", "Which one helps a cough?", "How much is it?",
-         "Where do you gather them?", "Thank you, and good day!"]
-LORE = ("The town of Brack sits where two rivers meet; its bridges, mills and markets are old, and every "
-        "street has a story. ")
+LINES = [
+    "What herbs do you sell?",
+    "Which one helps a cough?",
+    "How much is it?",
+    "Where do you gather them?",
+    "Thank you, and good day!",
+]
+LORE = (
+    "The town of Brack sits where two rivers meet; its bridges, mills and markets are old, and every "
+    "street has a story. "
+)
 
 
 def child(idle: int, lore_tokens: int) -> None:
@@ -58,8 +65,16 @@ def child(idle: int, lore_tokens: int) -> None:
     llama_cpp.llama_decode = timed
 
     def request(npc: str, instructions: str, messages: list[Message], n: int) -> StepRequest:
-        return StepRequest(npc_id=npc, instructions=instructions, messages=messages, tools=[], tool_mode="auto",
-                           schema=None, options=GenerationOptions(temperature=0, max_tokens=n), step_index=0)
+        return StepRequest(
+            npc_id=npc,
+            instructions=instructions,
+            messages=messages,
+            tools=[],
+            tool_mode="auto",
+            schema=None,
+            options=GenerationOptions(temperature=0, max_tokens=n),
+            step_index=0,
+        )
 
     async def say(engine: llama.LlamaEngine, r: StepRequest) -> tuple[float, int]:
         """(seconds from the first word to the end, output tokens)"""
@@ -94,8 +109,12 @@ def child(idle: int, lore_tokens: int) -> None:
                 if k >= 2 and seconds > 0:
                     speeds.append(max(0, out - 1) / seconds)
             left = sum(len(s.tokens) for s in sched.slots if s.npc and s.npc != "pia")
-            print(json.dumps({"tok_s": st.median(speeds), "lone_ms": 1000 * st.median(lone), "resident": resident,
-                              "left": left}), flush=True)
+            print(
+                json.dumps(
+                    {"tok_s": st.median(speeds), "lone_ms": 1000 * st.median(lone), "resident": resident, "left": left}
+                ),
+                flush=True,
+            )
         finally:
             await engine.aclose()
 
@@ -103,8 +122,14 @@ def child(idle: int, lore_tokens: int) -> None:
 
 
 def run_side(root: str, idle: int, lore: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--idle", str(idle), "--lore", str(lore)],
-                         cwd=root, env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", "--idle", str(idle), "--lore", str(lore)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -135,11 +160,17 @@ def main() -> None:
             for name in order if r % 2 == 0 else order[::-1]:
                 res = run_side(sides[name], args.idle, args.lore)
                 results[name].append(res)
-                print(f"  round {r + 1} {name}: {res['tok_s']:.1f} tok/s, lone token {res['lone_ms']:.2f} ms, "
-                      f"idle NPCs' tokens in the pool {res['resident']:.0f} -> {res['left']:.0f}", flush=True)
+                print(
+                    f"  round {r + 1} {name}: {res['tok_s']:.1f} tok/s, lone token {res['lone_ms']:.2f} ms, "
+                    f"idle NPCs' tokens in the pool {res['resident']:.0f} -> {res['left']:.0f}",
+                    flush=True,
+                )
         print(f"\nPia's lines 3-5 beside {args.idle} idle NPCs of ~{args.lore} tokens, medians of {args.repeat}")
         print(f"{'side':<24}{'tok/s':>8}{'lone token ms':>15}")
-        med = {name: (st.median(r["tok_s"] for r in rs), st.median(r["lone_ms"] for r in rs)) for name, rs in results.items()}
+        med = {
+            name: (st.median(r["tok_s"] for r in rs), st.median(r["lone_ms"] for r in rs))
+            for name, rs in results.items()
+        }
         for name, (tok_s, lone) in med.items():
             print(f"{name:<24}{tok_s:>8.1f}{lone:>15.2f}")
         if worktree is not None:

@@ -35,14 +35,22 @@ GUARD = "You are Brann, the gate guard of Eldmoor, a medieval town. You are gruf
 
 class Bridge:
     def __init__(self) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "llama", "--llama-ctx", str(CTX)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, bufsize=0)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "--engine", "llama", "--llama-ctx", str(CTX)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            bufsize=0,
+        )
         self.ids = 0
         self.call("initialize", {"protocolVersion": 1})
 
     def send(self, method: str, params: dict) -> int:
         self.ids += 1
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n"
+        )
         return self.ids
 
     def line(self) -> dict:
@@ -103,8 +111,16 @@ def direct(llm, tokens: list[int]) -> tuple[float, float, int]:
 
 def cancel_latency_ms(eng: LlamaEngine) -> float:
     """Leave a step at its first text delta; time until its thread gives the model back."""
-    req = StepRequest("c", "You are a bard.", [Message("user", "Sing me a long song.")], [], "disallowed", None,
-                      GenerationOptions(max_tokens=200, temperature=0), 0)
+    req = StepRequest(
+        "c",
+        "You are a bard.",
+        [Message("user", "Sing me a long song.")],
+        [],
+        "disallowed",
+        None,
+        GenerationOptions(max_tokens=200, temperature=0),
+        0,
+    )
 
     async def run() -> float:
         stream = eng.stream_step(req)
@@ -127,14 +143,20 @@ def main() -> None:
     llm = eng._llm
     print(f"threads: {eng.threads[0]} generating, {eng.threads[1]} reading the prompt (both sides)")
     lat = [cancel_latency_ms(eng) for _ in range(runs)]
-    print(f"cancel: leaving a step -> its thread releases the model, median {st.median(lat):.1f} ms, max {max(lat):.1f} ms"
-          " (about one decode step)")
+    print(
+        f"cancel: leaving a step -> its thread releases the model, median {st.median(lat):.1f} ms, "
+        f"max {max(lat):.1f} ms"
+        " (about one decode step)"
+    )
     b = Bridge()
     bt, bs, dt, ds = [], [], [], []
     for i in range(runs):  # interleaved; each run a new persona, so neither side has it cached
         instr = f"Shift {i}. " + GUARD * 3
         msgs = [Message("user", "Good morning! Who goes there?")]
-        b.call("npc/create", {"npcId": f"g{i}", "instructions": instr, "options": {"temperature": 0, "maxTokens": MAX, "seed": 1}})
+        b.call(
+            "npc/create",
+            {"npcId": f"g{i}", "instructions": instr, "options": {"temperature": 0, "maxTokens": MAX, "seed": 1}},
+        )
         ttft, tps, out_b = b.turn(f"g{i}", msgs[0].content)
         bt.append(ttft)
         bs.append(tps)
@@ -143,23 +165,49 @@ def main() -> None:
         ds.append(d_tps)
         if out_b != out_d:
             print(f"  note: run {i} produced {out_b} tokens through the bridge, {out_d} direct")
-    print(f"time to first token (median of {runs}): bridge {st.median(bt) * 1e3:.1f} ms, direct {st.median(dt) * 1e3:.1f} ms,"
-          f" added {(st.median(bt) - st.median(dt)) * 1e3:+.1f} ms (target <= +5 ms)")
-    print(f"decode tokens/s (median of {runs}): bridge {st.median(bs):.1f}, direct {st.median(ds):.1f},"
-          f" ratio {st.median(bs) / st.median(ds):.3f} (target >= 0.97)")
+    print(
+        f"time to first token (median of {runs}): bridge {st.median(bt) * 1e3:.1f} ms, "
+        f"direct {st.median(dt) * 1e3:.1f} ms,"
+        f" added {(st.median(bt) - st.median(dt)) * 1e3:+.1f} ms (target <= +5 ms)"
+    )
+    print(
+        f"decode tokens/s (median of {runs}): bridge {st.median(bs):.1f}, direct {st.median(ds):.1f},"
+        f" ratio {st.median(bs) / st.median(ds):.3f} (target >= 0.97)"
+    )
 
-    persona = "You are Alice, the castle's old archivist. " + "You remember every king, every siege and every feast of the last century. " * 25
+    persona = (
+        "You are Alice, the castle's old archivist. "
+        + "You remember every king, every siege and every feast of the last century. " * 25
+    )
     cold, back = [], []
     for i in range(runs):
         a, o = f"alice{i}", f"bob{i}"
-        b.call("npc/create", {"npcId": a, "instructions": f"Day {i}. " + persona, "options": {"temperature": 0, "maxTokens": 4, "seed": 1}})
-        b.call("npc/create", {"npcId": o, "instructions": f"Day {i}. You are Bob the fishmonger. " + "You sell herring and gossip. " * 40, "options": {"temperature": 0, "maxTokens": 4, "seed": 1}})
+        b.call(
+            "npc/create",
+            {
+                "npcId": a,
+                "instructions": f"Day {i}. " + persona,
+                "options": {"temperature": 0, "maxTokens": 4, "seed": 1},
+            },
+        )
+        b.call(
+            "npc/create",
+            {
+                "npcId": o,
+                "instructions": f"Day {i}. You are Bob the fishmonger. " + "You sell herring and gossip. " * 40,
+                "options": {"temperature": 0, "maxTokens": 4, "seed": 1},
+            },
+        )
         cold.append(b.turn(a, "Tell me about the gate.")[0])
         b.turn(o, "Fresh fish today?")  # another NPC speaks: its prompt replaces Alice's in the context
         back.append(b.turn(a, "And the tower?")[0])
     persona_tokens = b.call("tokens/count", {"npcId": f"alice{runs - 1}", "text": ""})["promptTokens"]
-    print(f"returning NPC after another spoke (persona ~{persona_tokens} tokens): first token {st.median(back) * 1e3:.0f} ms"
-          f" vs its cold first turn {st.median(cold) * 1e3:.0f} ms, ratio {st.median(back) / st.median(cold):.2f} (target <= 0.2)")
+    print(
+        f"returning NPC after another spoke (persona ~{persona_tokens} tokens): "
+        f"first token {st.median(back) * 1e3:.0f} ms"
+        f" vs its cold first turn {st.median(cold) * 1e3:.0f} ms, "
+        f"ratio {st.median(back) / st.median(cold):.2f} (target <= 0.2)"
+    )
     b.close()
 
     b = Bridge()
@@ -167,13 +215,21 @@ def main() -> None:
     marks = {}
     for n in (1, 10, 100):
         for i in range(seen, n):
-            b.call("npc/create", {"npcId": f"v{i}", "instructions": f"You are villager number {i}. " + "You farm turnips. " * 10,
-                                  "options": {"temperature": 0, "maxTokens": 2, "seed": 1}})
+            b.call(
+                "npc/create",
+                {
+                    "npcId": f"v{i}",
+                    "instructions": f"You are villager number {i}. " + "You farm turnips. " * 10,
+                    "options": {"temperature": 0, "maxTokens": 2, "seed": 1},
+                },
+            )
             b.turn(f"v{i}", "Hello!")
         seen = n
         marks[n] = b.rss_mib()
-    print("bridge resident memory with NPCs on one model (each after one turn): "
-          + ", ".join(f"{n} NPCs {mib:.0f} MiB" for n, mib in marks.items()))
+    print(
+        "bridge resident memory with NPCs on one model (each after one turn): "
+        + ", ".join(f"{n} NPCs {mib:.0f} MiB" for n, mib in marks.items())
+    )
     b.close()
 
 

@@ -31,7 +31,9 @@ from bridge.engines.scripted import ScriptedEngine  # noqa: E402
 
 
 def request(prompt: str = "hi") -> StepRequest:
-    return StepRequest("bench", "", [Message(role="user", content=prompt)], [], "disallowed", None, GenerationOptions(), 0)
+    return StepRequest(
+        "bench", "", [Message(role="user", content=prompt)], [], "disallowed", None, GenerationOptions(), 0
+    )
 
 
 def rss_kib() -> int:
@@ -65,7 +67,14 @@ def turn_rate(b: Peer, npc: str, words: int) -> float:
     """textDelta lines per second at the client for one turn of `words` deltas."""
     b.call("npc/create", {"npcId": npc, "script": [{"text": "la " * words}]})
     t = time.perf_counter()
-    b.send({"jsonrpc": "2.0", "id": "go", "method": "npc/respond", "params": {"npcId": npc, "prompt": "sing", "fullText": False}})
+    b.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "go",
+            "method": "npc/respond",
+            "params": {"npcId": npc, "prompt": "sing", "fullText": False},
+        }
+    )
     deltas = 0
     while True:
         line = b.line()
@@ -164,15 +173,26 @@ async def main() -> None:
     e2e_runs = 3 if quick else 7
     e2e_s, e2e_n = end_to_end(e2e_words, e2e_runs)
     rs, rn = statistics.median(e2e_s), statistics.median(e2e_n)
-    print(f"end to end through the oam-bridge subprocess, one turn of {e2e_words:,} deltas (fullText false), median of {e2e_runs}:")
+    print(
+        f"end to end through the oam-bridge subprocess, one turn of {e2e_words:,} deltas (fullText false), "
+        f"median of {e2e_runs}:"
+    )
     print(f"  --engine scripted (baseline) {rs:10,.0f} textDelta lines/s")
-    print(f"  --engine native              {rn:10,.0f} textDelta lines/s   native/scripted {rn / rs:.2f}  (target >= 0.80)")
+    print(
+        f"  --engine native              {rn:10,.0f} textDelta lines/s   "
+        f"native/scripted {rn / rs:.2f}  (target >= 0.80)"
+    )
 
     lat = [await cancel_latency_ms() for _ in range(5 if quick else 20)]
-    print(f"cancel reaching a step that waits between chunks (trio cancel -> stream_step returns), "
-          f"median {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms (poll interval {native.POLL_MS} ms)")
+    print(
+        f"cancel reaching a step that waits between chunks (trio cancel -> stream_step returns), "
+        f"median {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms (poll interval {native.POLL_MS} ms)"
+    )
     wake = [cancel_wakes_pull_ms() for _ in range(5 if quick else 20)]
-    print(f"oam_step_cancel from another thread waking a blocked oam_step_pull(-1): median {statistics.median(wake):.2f} ms")
+    print(
+        "oam_step_cancel from another thread waking a blocked oam_step_pull(-1): "
+        f"median {statistics.median(wake):.2f} ms"
+    )
 
     n = 200 if quick else 1000
     rp = await round_trip_us(lambda: ScriptedEngine(script=[{"text": "Hello there."}]), n)
@@ -195,11 +215,17 @@ async def main() -> None:
         if i % (cycles // 5) == 0:
             samples.append(rss_kib())
     after = rss_kib()
-    print(f"resident memory over {cycles:,} create/step/destroy cycles: {before:,} KiB -> {after:,} KiB ({after - before:+,} KiB); samples {samples}")
+    print(
+        f"resident memory over {cycles:,} create/step/destroy cycles: {before:,} KiB -> {after:,} KiB "
+        f"({after - before:+,} KiB); samples {samples}"
+    )
+
     # the same with a threaded producer (delayMs) and a cancelled step, which take the
     # blocking-pull and cancel paths
     async def threaded_cycle() -> None:
-        e = native.NativeEngine(script=[{"text": "hello there friend", "delayMs": 1}, {"text": "x " * 100, "chunkMs": 1}])
+        e = native.NativeEngine(
+            script=[{"text": "hello there friend", "delayMs": 1}, {"text": "x " * 100, "chunkMs": 1}]
+        )
         async for _c in e.stream_step(request()):
             pass
         with trio.move_on_after(0.002):
@@ -217,7 +243,10 @@ async def main() -> None:
         if i % (n // 5) == 0:
             samples.append(rss_kib())
     after = rss_kib()
-    print(f"resident memory over {n:,} threaded + cancelled step cycles: {before:,} KiB -> {after:,} KiB ({after - before:+,} KiB); samples {samples}")
+    print(
+        f"resident memory over {n:,} threaded + cancelled step cycles: {before:,} KiB -> {after:,} KiB "
+        f"({after - before:+,} KiB); samples {samples}"
+    )
 
 
 if __name__ == "__main__":

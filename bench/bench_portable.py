@@ -30,10 +30,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE_DIR = ROOT / "build" / "llama-native"
-PROMPT = ("The old tavern at the crossroads has stood for three hundred years. Travellers from the "
-          "north bring furs and stories of the long winter; merchants from the south bring spices, "
-          "silk and rumours of war. The keeper, a broad woman named Greta, knows every face and "
-          "every debt. ") * 4
+PROMPT = (
+    "The old tavern at the crossroads has stood for three hundred years. Travellers from the "
+    "north bring furs and stories of the long winter; merchants from the south bring spices, "
+    "silk and rumours of war. The keeper, a broad woman named Greta, knows every face and "
+    "every debt. "
+) * 4
 DECODE = 128
 
 
@@ -48,8 +50,14 @@ def child(side: str) -> None:
 
     variant = load_backends()
     cores = os.cpu_count() or 1
-    llm = llama_cpp.Llama(model_path=default_model_path(), n_ctx=1024, n_batch=512, n_threads=max(1, cores - 1),
-                          n_threads_batch=cores, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=default_model_path(),
+        n_ctx=1024,
+        n_batch=512,
+        n_threads=max(1, cores - 1),
+        n_threads_batch=cores,
+        verbose=False,
+    )
     tokens = llm.tokenize(PROMPT.encode(), add_bos=True)
     llm.eval(tokens[:8])  # warm-up: the first decode maps the weights
     llm.reset()
@@ -62,8 +70,17 @@ def child(side: str) -> None:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
         llm.eval([int(logits.argmax())])
     decode_s = time.perf_counter() - t0
-    print(json.dumps({"side": side, "variant": variant, "prompt_tps": len(tokens) / prompt_s,
-                      "decode_tps": DECODE / decode_s, "prompt_tokens": len(tokens)}))
+    print(
+        json.dumps(
+            {
+                "side": side,
+                "variant": variant,
+                "prompt_tps": len(tokens) / prompt_s,
+                "decode_tps": DECODE / decode_s,
+                "prompt_tokens": len(tokens),
+            }
+        )
+    )
 
 
 def native_build() -> Path:
@@ -75,10 +92,17 @@ def native_build() -> Path:
     if stamp.exists() and stamp.read_text() == version:
         return NATIVE_DIR
     env = dict(os.environ, LLAMA_CPP_VERSION=version, LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON", PYTHON=sys.executable)
-    wheel = subprocess.run([str(ROOT / "packaging" / "llama_wheel.sh")], env=env, check=True, capture_output=True,
-                           text=True).stdout.strip().splitlines()[-1]
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(NATIVE_DIR), wheel],
-                   check=True)
+    wheel = (
+        subprocess.run(
+            [str(ROOT / "packaging" / "llama_wheel.sh")], env=env, check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(NATIVE_DIR), wheel],
+        check=True,
+    )
     stamp.write_text(version)
     return NATIVE_DIR
 
@@ -90,7 +114,9 @@ def run(side: str, native: Path, variant: str | None) -> dict[str, float | str]:
         env["PYTHONPATH"] = str(native)
     elif variant:
         env["OAM_LLAMA_CPU"] = variant
-    out = subprocess.run([sys.executable, __file__, "--child", side], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", side], env=env, check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -110,17 +136,25 @@ def main() -> None:
         for side in order:
             rows[side].append(run(side, native, args.variant))
         p, n = rows["portable"][-1], rows["native"][-1]
-        print(f"round {r + 1}: portable ({p['variant']}) prompt {p['prompt_tps']:.0f} decode {p['decode_tps']:.1f} tok/s; "
-              f"native ({n['variant']}) prompt {n['prompt_tps']:.0f} decode {n['decode_tps']:.1f} tok/s", flush=True)
-    print(f"\n{args.rounds} rounds, {rows['portable'][0]['prompt_tokens']}-token prompt, {DECODE} tokens decoded, "
-          f"{os.cpu_count()} cores")
+        print(
+            f"round {r + 1}: portable ({p['variant']}) prompt {p['prompt_tps']:.0f} "
+            f"decode {p['decode_tps']:.1f} tok/s; "
+            f"native ({n['variant']}) prompt {n['prompt_tps']:.0f} decode {n['decode_tps']:.1f} tok/s",
+            flush=True,
+        )
+    print(
+        f"\n{args.rounds} rounds, {rows['portable'][0]['prompt_tokens']}-token prompt, {DECODE} tokens decoded, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"{'':28}{'portable':>10}{'native':>10}{'ratio (paired median, range)':>34}")
     for key, label in (("prompt_tps", "prompt tokens/s"), ("decode_tps", "decode tokens/s")):
         ps = [float(x[key]) for x in rows["portable"]]
         ns = [float(x[key]) for x in rows["native"]]
-        ratios = [a / b for a, b in zip(ps, ns)]
-        print(f"{label:28}{st.median(ps):10.1f}{st.median(ns):10.1f}"
-              f"{st.median(ratios):14.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
+        ratios = [a / b for a, b in zip(ps, ns, strict=True)]
+        print(
+            f"{label:28}{st.median(ps):10.1f}{st.median(ns):10.1f}"
+            f"{st.median(ratios):14.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
+        )
     print(f"portable variant: {rows['portable'][0]['variant']}; native: {rows['native'][0]['variant']}")
 
 

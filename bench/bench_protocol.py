@@ -56,7 +56,9 @@ NO_NATIVE = {"OAM_NATIVE_LIB": os.path.join(ROOT, "no-such-library")}
 class Peer:
     def __init__(self, cmd: list[str], cwd: str = ROOT, env: dict[str, str] | None = None) -> None:
         env = {**os.environ, **(env or {}), "PYTHONPATH": cwd}
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, bufsize=0, env=env)
+        self.p = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=cwd, bufsize=0, env=env
+        )
         self.out = io.BufferedReader(self.p.stdout, 1 << 16)
         self.next_id = 1
         self.initialized: dict = {}  # the initialize result, once initialized
@@ -109,7 +111,12 @@ def round_trips(peer: Peer, n: int, echo: bool) -> list[float]:
 
 def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> None:
     """``client_cpu``: peers start with this process's affinity, then it moves to that core."""
-    echo, techo, b, b0 = Peer([sys.executable, "-c", ECHO]), Peer([sys.executable, "-c", TRIO_ECHO]), bridge(), bridge("--poll-us", "0")
+    echo, techo, b, b0 = (
+        Peer([sys.executable, "-c", ECHO]),
+        Peer([sys.executable, "-c", TRIO_ECHO]),
+        bridge(),
+        bridge("--poll-us", "0"),
+    )
     bc = bridge(root=COMPARE) if COMPARE else None
     saved = os.sched_getaffinity(0)
     if client_cpu is not None:
@@ -127,13 +134,20 @@ def round_trip_section(n: int, label: str, client_cpu: int | None = None) -> Non
             if keep:
                 out += xs
     print(f"round trip over pipes, {label}, {len(r)} requests each, interleaved (microseconds)")
-    print(f"  line-echo baseline        p50 {pct(e, .5):8.1f}   p99 {pct(e, .99):8.1f}")
-    print(f"  trio FdStream echo        p50 {pct(te, .5):8.1f}   p99 {pct(te, .99):8.1f}")
-    print(f"  oam-bridge npc/list       p50 {pct(r, .5):8.1f}   p99 {pct(r, .99):8.1f}")
-    print(f"  same, --poll-us 0         p50 {pct(r0, .5):8.1f}   p99 {pct(r0, .99):8.1f}")
+    print(f"  line-echo baseline        p50 {pct(e, 0.5):8.1f}   p99 {pct(e, 0.99):8.1f}")
+    print(f"  trio FdStream echo        p50 {pct(te, 0.5):8.1f}   p99 {pct(te, 0.99):8.1f}")
+    print(f"  oam-bridge npc/list       p50 {pct(r, 0.5):8.1f}   p99 {pct(r, 0.99):8.1f}")
+    print(f"  same, --poll-us 0         p50 {pct(r0, 0.5):8.1f}   p99 {pct(r0, 0.99):8.1f}")
     if rc:
-        print(f"  compared tree npc/list    p50 {pct(rc, .5):8.1f}   p99 {pct(rc, .99):8.1f}   (this tree / compared: p50 {pct(r, .5) / pct(rc, .5):.2f}x)")
-    print(f"  ratio p50 bridge/echo {pct(r, .5) / pct(e, .5):.2f}x  (target <= 3x); bridge/trio-echo {pct(r, .5) / pct(te, .5):.2f}x; without polling {pct(r0, .5) / pct(e, .5):.2f}x")
+        print(
+            f"  compared tree npc/list    p50 {pct(rc, 0.5):8.1f}   p99 {pct(rc, 0.99):8.1f}   "
+            f"(this tree / compared: p50 {pct(r, 0.5) / pct(rc, 0.5):.2f}x)"
+        )
+    print(
+        f"  ratio p50 bridge/echo {pct(r, 0.5) / pct(e, 0.5):.2f}x  (target <= 3x); "
+        f"bridge/trio-echo {pct(r, 0.5) / pct(te, 0.5):.2f}x; "
+        f"without polling {pct(r0, 0.5) / pct(e, 0.5):.2f}x"
+    )
     for peer, _, _ in peers:
         peer.close()
     os.sched_setaffinity(0, saved)
@@ -196,7 +210,10 @@ def stream_section(quick: bool) -> None:
             rates[label].append(stream_rate(b, f"bard{k}", words))
     for b in peers.values():
         b.close()
-    print(f"events per second, one streamed turn of {words} deltas (fullText false), 5 turns each, interleaved (target >= 50,000)")
+    print(
+        f"events per second, one streamed turn of {words} deltas (fullText false), 5 turns each, interleaved "
+        "(target >= 50,000)"
+    )
     med = {label: statistics.median(xs) for label, xs in rates.items()}
     for label, xs in rates.items():
         print(f"  {label:10s} median {med[label]:9,.0f}   range {min(xs):,.0f}-{max(xs):,.0f}")
@@ -210,7 +227,9 @@ def per_tree(root: str, quick: bool) -> None:
     for i in range(200):
         b.call("npc/create", {"npcId": f"crowd{i}", "script": [{"text": "hm " * 400, "chunkMs": 5}]})
     for i in range(200):
-        b.send({"jsonrpc": "2.0", "id": f"r{i}", "method": "npc/respond", "params": {"npcId": f"crowd{i}", "prompt": "hi"}})
+        b.send(
+            {"jsonrpc": "2.0", "id": f"r{i}", "method": "npc/respond", "params": {"npcId": f"crowd{i}", "prompt": "hi"}}
+        )
     lat = []
     streamed = 0
     t_start = time.perf_counter()
@@ -226,8 +245,11 @@ def per_tree(root: str, quick: bool) -> None:
     rate = streamed / (time.perf_counter() - t_start)
     busy = b.call("npc/list")["result"]
     running = sum(1 for x in busy["npcs"] if x["busy"])
-    print(f"200 NPCs with turns running ({running} still busy at the end, {rate:,.0f} textDelta/s of the 40,000/s their scripts ask for):"
-          f" trivial request p50 {pct(lat, .5):.2f} ms  p99 {pct(lat, .99):.2f} ms  (target p99 < 5 ms)")
+    print(
+        f"200 NPCs with turns running ({running} still busy at the end, {rate:,.0f} textDelta/s of the 40,000/s "
+        "their scripts ask for):"
+        f" trivial request p50 {pct(lat, 0.5):.2f} ms  p99 {pct(lat, 0.99):.2f} ms  (target p99 < 5 ms)"
+    )
     b.close()
 
     exits = []
@@ -238,7 +260,9 @@ def per_tree(root: str, quick: bool) -> None:
         t = time.perf_counter()
         b.close()
         exits.append((time.perf_counter() - t) * 1e3)
-    print(f"stdin EOF with a turn streaming -> process exit: median {statistics.median(exits):.0f} ms (target < 1000 ms)")
+    print(
+        f"stdin EOF with a turn streaming -> process exit: median {statistics.median(exits):.0f} ms (target < 1000 ms)"
+    )
 
     b = bridge(root=root, env=NO_NATIVE)
     bare = b.rss_kib()
@@ -254,8 +278,12 @@ def per_tree(root: str, quick: bool) -> None:
             rss.append(b.rss_kib())
     # The first NPCs partly reuse memory that start-up freed: the second figure is the
     # steady cost, less noisy than the first.
-    print(f"resident memory: idle bridge {bare / 1024:.1f} MiB without the native library, {idle / 1024:.1f} MiB as found (native engine {found});"
-          f" per idle NPC {(rss[1] - rss[0]) / 1000:.2f} KiB (first 1,000 NPCs), {(rss[2] - rss[1]) / 2000:.2f} KiB (1,000 to 3,000)")
+    print(
+        f"resident memory: idle bridge {bare / 1024:.1f} MiB without the native library, "
+        f"{idle / 1024:.1f} MiB as found (native engine {found});"
+        f" per idle NPC {(rss[1] - rss[0]) / 1000:.2f} KiB (first 1,000 NPCs), "
+        f"{(rss[2] - rss[1]) / 2000:.2f} KiB (1,000 to 3,000)"
+    )
     b.close()
 
 

@@ -62,8 +62,8 @@ def main() -> None:
     print(f"  --record / plain: {statistics.median(cpu['--record']) / statistics.median(cpu['plain']):.2f}x")
     print("round trip of npc/list, microseconds, interleaved blocks")
     for label, xs in rtt.items():
-        print(f"  {label:9s} p50 {pct(xs, .5):7.1f}   p99 {pct(xs, .99):7.1f}")
-    print(f"  --record / plain p50: {pct(rtt['--record'], .5) / pct(rtt['plain'], .5):.2f}x")
+        print(f"  {label:9s} p50 {pct(xs, 0.5):7.1f}   p99 {pct(xs, 0.99):7.1f}")
+    print(f"  --record / plain p50: {pct(rtt['--record'], 0.5) / pct(rtt['plain'], 0.5):.2f}x")
 
 
 if __name__ == "__main__":

@@ -49,9 +49,26 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([*llama_cpp_server_command(), "--model", default_model_path(), "--host", "127.0.0.1",
-                             "--port", str(port), "--n_threads", "1", "--interrupt_requests", "False", "--verbose", "False"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            *llama_cpp_server_command(),
+            "--model",
+            default_model_path(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            "1",
+            "--interrupt_requests",
+            "False",
+            "--verbose",
+            "False",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -66,16 +83,26 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
 
 class Bridge:
     def __init__(self, url: str) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "openai", "--openai-url", url],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, bufsize=0)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "--engine", "openai", "--openai-url", url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            bufsize=0,
+        )
         self.ids = 0
         self.call("initialize", {"protocolVersion": 1})
-        self.call("npc/create", {"npcId": "guard", "engine": "openai", "instructions": INSTRUCTIONS, "options": OPTIONS})
+        self.call(
+            "npc/create", {"npcId": "guard", "engine": "openai", "instructions": INSTRUCTIONS, "options": OPTIONS}
+        )
 
     def send(self, method: str, params: dict[str, object]) -> int:
         assert self.p.stdin is not None
         self.ids += 1
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}).encode() + b"\n"
+        )
         return self.ids
 
     def line(self) -> dict[str, object]:
@@ -112,8 +139,16 @@ class Bridge:
 
 
 def step_request() -> StepRequest:
-    return StepRequest(npc_id="guard", instructions=INSTRUCTIONS, messages=[Message(role="user", content=PROMPT)], tools=[],
-                       tool_mode="disallowed", schema=None, options=GenerationOptions(temperature=0, max_tokens=16, seed=1), step_index=0)
+    return StepRequest(
+        npc_id="guard",
+        instructions=INSTRUCTIONS,
+        messages=[Message(role="user", content=PROMPT)],
+        tools=[],
+        tool_mode="disallowed",
+        schema=None,
+        options=GenerationOptions(temperature=0, max_tokens=16, seed=1),
+        step_index=0,
+    )
 
 
 async def direct_ttft(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> float:
@@ -171,8 +206,10 @@ async def main(args: argparse.Namespace) -> None:
             server.terminate()
             server.wait(10)
     d, e, b = (st.median(x) * 1000 for x in (direct, via_engine, via_bridge))
-    print(f"server: {url if args.url else 'llama_cpp.server, bundled SmolLM2, --n_threads 1'}; median of {args.runs}; "
-          f"same request (system + player line, greedy, 16 tokens)")
+    print(
+        f"server: {url if args.url else 'llama_cpp.server, bundled SmolLM2, --n_threads 1'}; median of {args.runs}; "
+        f"same request (system + player line, greedy, 16 tokens)"
+    )
     print(f"{'path':<34}{'TTFT ms':>10}{'added ms':>10}")
     print(f"{'direct HTTP (httpx, SSE)':<34}{d:>10.1f}{'':>10}")
     print(f"{'openai engine (stream_step)':<34}{e:>10.1f}{e - d:>+10.1f}")

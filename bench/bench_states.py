@@ -31,8 +31,13 @@ PATH = "bridge/engines/llama/_states.py"
 
 
 def load(rev: str | None) -> ModuleType:
-    src = open(os.path.join(ROOT, PATH)).read() if rev is None else subprocess.run(
-        ["git", "show", f"{rev}:{PATH}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    src = (
+        open(os.path.join(ROOT, PATH)).read()
+        if rev is None
+        else subprocess.run(
+            ["git", "show", f"{rev}:{PATH}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(src)
     spec = importlib.util.spec_from_file_location(f"states_{rev or 'here'}", f.name)

@@ -53,9 +53,9 @@ def as_bridge(trace: str, args: list[str]) -> None:
 def main() -> None:
     import statistics as st
 
+    import bench_batch as bb
     import trio
 
-    import bench_batch as bb
     from bridge.engines.llama import default_model_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -69,12 +69,17 @@ def main() -> None:
     threads = args.threads or max(1, cores - 1)
     n = args.n
     binary, version = bb.llama_server_binary()
-    print(f"N = {n} NPCs at once, {args.rounds} rounds a side, order alternated; llama-server from llama-cpp-python "
-          f"{version}'s llama.cpp, -np {n} -cb -t {threads} -tb {cores}; bridge --llama-threads {threads}; "
-          f"context {args.ctx} per NPC; greedy", flush=True)
+    print(
+        f"N = {n} NPCs at once, {args.rounds} rounds a side, order alternated; llama-server from llama-cpp-python "
+        f"{version}'s llama.cpp, -np {n} -cb -t {threads} -tb {cores}; bridge --llama-threads {threads}; "
+        f"context {args.ctx} per NPC; greedy",
+        flush=True,
+    )
     trace = tempfile.NamedTemporaryFile(prefix="oam-ttft-", suffix=".log", delete=False).name
-    bridge = bb.Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
-                       launcher=[bb.PY, os.path.abspath(__file__), "--as-bridge", trace])
+    bridge = bb.Bridge(
+        ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
+        launcher=[bb.PY, os.path.abspath(__file__), "--as-bridge", trace],
+    )
     server = bb.LlamaServer(binary, default_model_path(), n, args.ctx, threads, cores)
     sides = {"bridge": bb.Side("bridge"), "server": bb.Side("llama-server")}
     split: list[tuple[float, int]] = []  # per round: the bridge's prompt decode seconds, rows
@@ -100,20 +105,27 @@ def main() -> None:
                 split.append((sum(t1 - t0 for t0, t1, _ in prompt), sum(rows for _, _, rows in prompt)))
             b, s = max(sides["bridge"].rounds[-1].ttft), max(sides["server"].rounds[-1].ttft)
             secs, rows = split[-1]
-            print(f"{r:3d} {'bridge first' if r % 2 == 0 else 'server first'}: worst TTFT bridge {b:.3f} s (prompt decodes "
-                  f"{secs:.3f} s for {rows} rows, the rest {b - secs:.3f} s), llama-server {s:.3f} s; ratio {b / s:.3f}",
-                  flush=True)
+            print(
+                f"{r:3d} {'bridge first' if r % 2 == 0 else 'server first'}: "
+                f"worst TTFT bridge {b:.3f} s (prompt decodes "
+                f"{secs:.3f} s for {rows} rows, the rest {b - secs:.3f} s), llama-server {s:.3f} s; ratio {b / s:.3f}",
+                flush=True,
+            )
     finally:
         bridge.close()
         server.close()
         os.unlink(trace)
-    print(f"\nworst time to first token, bridge / llama-server, paired by round (median [range, 90% interval]): "
-          f"{bb.paired(sides['bridge'], sides['server'], lambda q: max(q.ttft))}")
-    print(f"medians: bridge {sides['bridge'].med(lambda q: max(q.ttft)):.3f} s, llama-server "
-          f"{sides['server'].med(lambda q: max(q.ttft)):.3f} s; the bridge's prompt decodes "
-          f"{st.median(x for x, _ in split):.3f} s for {st.median(y for _, y in split):.0f} rows, "
-          f"{1e3 * st.median(x / y for x, y in split if y):.2f} ms a row; outside them before the last first word "
-          f"{st.median(max(a.ttft) - x for a, (x, _) in zip(sides['bridge'].rounds, split)):.3f} s")
+    print(
+        f"\nworst time to first token, bridge / llama-server, paired by round (median [range, 90% interval]): "
+        f"{bb.paired(sides['bridge'], sides['server'], lambda q: max(q.ttft))}"
+    )
+    print(
+        f"medians: bridge {sides['bridge'].med(lambda q: max(q.ttft)):.3f} s, llama-server "
+        f"{sides['server'].med(lambda q: max(q.ttft)):.3f} s; the bridge's prompt decodes "
+        f"{st.median(x for x, _ in split):.3f} s for {st.median(y for _, y in split):.0f} rows, "
+        f"{1e3 * st.median(x / y for x, y in split if y):.2f} ms a row; outside them before the last first word "
+        f"{st.median(max(a.ttft) - x for a, (x, _) in zip(sides['bridge'].rounds, split, strict=True)):.3f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -43,20 +43,45 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NPCS = ["a", "b", "c", "d", "e", "f"]
 METHODS = [
-    "initialize", "npc/create", "npc/respond", "npc/submit", "npc/cancel", "npc/transcript",
-    "npc/restore", "npc/reset", "npc/delete", "npc/list", "tokens/count", "engine/status",
-    "npc/decide", "npc/prewarm", "npc/setTags", "world/set", "world/delete", "world/get",
+    "initialize",
+    "npc/create",
+    "npc/respond",
+    "npc/submit",
+    "npc/cancel",
+    "npc/transcript",
+    "npc/restore",
+    "npc/reset",
+    "npc/delete",
+    "npc/list",
+    "tokens/count",
+    "engine/status",
+    "npc/decide",
+    "npc/prewarm",
+    "npc/setTags",
+    "world/set",
+    "world/delete",
+    "world/get",
 ]
 TAGS = ["gate", "tavern", "north", "\u2028"]
 FACT_KEYS = ["weather", "gate", "lore of the keep", "\u2028key", "k" * 300]
 OPTIONS: list[dict[str, Any]] = [
     {"name": "let_in", "description": "open the gate"},
     {"name": "question"},
-    {"name": "ring", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}},
+    {
+        "name": "ring",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]},
+    },
 ]
 EVENT_METHODS = {
-    "turn/started", "turn/textDelta", "turn/partialJson", "turn/toolCallRequested",
-    "turn/toolCallCompleted", "turn/toolCallWithdrawn", "turn/contextTrimmed", "turn/completed", "turn/failed",
+    "turn/started",
+    "turn/textDelta",
+    "turn/partialJson",
+    "turn/toolCallRequested",
+    "turn/toolCallCompleted",
+    "turn/toolCallWithdrawn",
+    "turn/contextTrimmed",
+    "turn/completed",
+    "turn/failed",
 }
 TERMINAL = ("turn/completed", "turn/failed")
 LINE_BREAKS = ("\u2028".encode(), "\u2029".encode(), "\u0085".encode())
@@ -65,16 +90,48 @@ INT64 = (-(2**63), 2**63 - 1)
 DEPTH_RISK = 90  # a message nested this deep may be refused whole (limits.maxNestingDepth 100)
 
 TOOLS: list[dict[str, Any]] = [
-    {"name": "check_inventory", "description": "How many of an item.", "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}},
-    {"name": "open_door", "description": "Open a door.", "parameters": {"type": "object", "properties": {"door": {"type": "string", "enum": ["north", "south"]}}, "required": ["door"]}},
-    {"name": "send_letter", "parameters": {"type": "object", "properties": {"to": {"type": "string", "format": "email"}, "on": {"type": "string", "format": "date"}}, "required": ["to"]}},
-    {"name": "give", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 10}, "items": {"type": "array", "items": {"type": "string"}}}}},
+    {
+        "name": "check_inventory",
+        "description": "How many of an item.",
+        "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
+    },
+    {
+        "name": "open_door",
+        "description": "Open a door.",
+        "parameters": {
+            "type": "object",
+            "properties": {"door": {"type": "string", "enum": ["north", "south"]}},
+            "required": ["door"],
+        },
+    },
+    {
+        "name": "send_letter",
+        "parameters": {
+            "type": "object",
+            "properties": {"to": {"type": "string", "format": "email"}, "on": {"type": "string", "format": "date"}},
+            "required": ["to"],
+        },
+    },
+    {
+        "name": "give",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "n": {"type": "integer", "minimum": 0, "maximum": 10},
+                "items": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    },
     {"name": "noop", "parameters": {"type": "object"}},
 ]
 TOOL_ARGS: dict[str, list[Any]] = {
     "check_inventory": [{"item": "ale"}, {"item": "\u2028bread\u0085"}, {}, {"item": 5}],
     "open_door": [{"door": "north"}, {"door": "west"}],
-    "send_letter": [{"to": "a@b.example", "on": "2024-05-01"}, {"to": "nobody"}, {"to": "x@y.example", "on": "2024-13-45"}],
+    "send_letter": [
+        {"to": "a@b.example", "on": "2024-05-01"},
+        {"to": "nobody"},
+        {"to": "x@y.example", "on": "2024-13-45"},
+    ],
     "give": [{"n": 3, "items": ["a"]}, {"n": 11}, {"n": "three"}],
     "noop": [{}, {"anything": [1, 2, 3]}],
     "missing_tool": [{}],
@@ -82,12 +139,55 @@ TOOL_ARGS: dict[str, list[Any]] = {
     "respond_directly": [{}, {"x": 1}],
 }
 WEIRD: list[Any] = [
-    None, True, False, 0, -1, 1, 2**31, 2**63 - 1, -(2**63), 2**64, 10**30, -(10**400),
-    1.5, 2.0, -0.0, 1e308, "", "x", "x" * 300, "x" * 5_000, "\u2028\u2029\u0085", "\ud800",
-    "\U0001F600", [], {}, {"type": "object"}, {"$ref": "#/nowhere"}, {"$schema": 5},
-    float("nan"), float("inf"),
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**63 - 1,
+    -(2**63),
+    2**64,
+    10**30,
+    -(10**400),
+    1.5,
+    2.0,
+    -0.0,
+    1e308,
+    "",
+    "x",
+    "x" * 300,
+    "x" * 5_000,
+    "\u2028\u2029\u0085",
+    "\ud800",
+    "\U0001f600",
+    [],
+    {},
+    {"type": "object"},
+    {"$ref": "#/nowhere"},
+    {"$schema": 5},
+    float("nan"),
+    float("inf"),
 ]
-WORDS = ["Hello", "traveller", "the", "ale", "is", "cold", "\u2028", "\u2029", "\u0085", "é", "日本", "\U0001F37A", "\\", '"', "\t", "x" * 40]
+WORDS = [
+    "Hello",
+    "traveller",
+    "the",
+    "ale",
+    "is",
+    "cold",
+    "\u2028",
+    "\u2029",
+    "\u0085",
+    "é",
+    "日本",
+    "\U0001f37a",
+    "\\",
+    '"',
+    "\t",
+    "x" * 40,
+]
 
 
 @dataclass
@@ -215,7 +315,10 @@ class Generator:
         if depth < 3 and self.rng.random() < 0.5:
             return [self.weird(depth + 1) for _ in range(self.rng.randint(0, 4))]
         if depth < 3:
-            return {self.rng.choice(["a", "npcId", "text", "type", "$schema", ""]): self.weird(depth + 1) for _ in range(self.rng.randint(0, 3))}
+            return {
+                self.rng.choice(["a", "npcId", "text", "type", "$schema", ""]): self.weird(depth + 1)
+                for _ in range(self.rng.randint(0, 3))
+            }
         return None
 
     def nested(self, depth: int) -> Any:
@@ -237,16 +340,35 @@ class Generator:
             step = {"text": self.text()}
         elif r < 0.7:
             name = self.rng.choice(list(TOOL_ARGS))
-            calls = [{"name": name, "arguments": self.rng.choice(TOOL_ARGS[name])} for _ in range(self.rng.choice([1, 1, 2, 3]))]
+            calls = [
+                {"name": name, "arguments": self.rng.choice(TOOL_ARGS[name])}
+                for _ in range(self.rng.choice([1, 1, 2, 3]))
+            ]
             step = {"toolCalls": calls}
             if self.rng.random() < 0.3:
                 step["text"] = self.text(3)
         elif r < 0.85:
-            step = {"json": self.rng.choice([{"mood": "glad"}, {"n": 1}, [1, 2], "x", {"a": {"b": [None]}}, {"reasoning": "Late.", "choice": "question"}, {"choice": "ring", "arguments": {"n": 2}}, {"choice": "nope"}])}
+            step = {
+                "json": self.rng.choice(
+                    [
+                        {"mood": "glad"},
+                        {"n": 1},
+                        [1, 2],
+                        "x",
+                        {"a": {"b": [None]}},
+                        {"reasoning": "Late.", "choice": "question"},
+                        {"choice": "ring", "arguments": {"n": 2}},
+                        {"choice": "nope"},
+                    ]
+                )
+            }
         elif r < 0.88:
             step = {"echo": self.rng.choice(["instructions", "prompt"])}
         elif r < 0.95:
-            step = {"error": self.rng.choice(["refusal", "guardrail_violation", "rate_limited", "made_up"]), "message": self.text(3)}
+            step = {
+                "error": self.rng.choice(["refusal", "guardrail_violation", "rate_limited", "made_up"]),
+                "message": self.text(3),
+            }
         else:
             step = {"text": self.text(), "warnings": [self.text(2)]}
         if self.rng.random() < 0.2:
@@ -264,31 +386,52 @@ class Generator:
             if rng.random() < 0.5:
                 p["instructions"] = self.text()
             if rng.random() < 0.2:
-                p["persona"] = {"name": self.text(1), "role": self.text(2), "traits": [self.text(1)], "speechStyle": self.text(2)}
+                p["persona"] = {
+                    "name": self.text(1),
+                    "role": self.text(2),
+                    "traits": [self.text(1)],
+                    "speechStyle": self.text(2),
+                }
             if rng.random() < 0.7:
                 p["tools"] = rng.sample(TOOLS, rng.randint(1, len(TOOLS)))
             if rng.random() < 0.8:
                 p["script"] = [self.step() for _ in range(rng.randint(0, 6))]
             if rng.random() < 0.2:
-                p["options"] = {"temperature": rng.random(), "maxTokens": rng.randint(1, 512), "seed": rng.randint(0, 99), "topP": rng.random()}
+                p["options"] = {
+                    "temperature": rng.random(),
+                    "maxTokens": rng.randint(1, 512),
+                    "seed": rng.randint(0, 99),
+                    "topP": rng.random(),
+                }
             if rng.random() < 0.1:
                 p["engine"] = rng.choice(["auto", "scripted", "bogus"])
             if rng.random() < 0.3:
                 p["tags"] = rng.sample(TAGS, rng.randint(0, 2))
             if rng.random() < 0.2:
-                p["fallbacks"] = {"guardrailViolation": [self.text(3)] * rng.randint(0, 2), "refusal": rng.choice([[], [self.text(2)], [""]])}
+                p["fallbacks"] = {
+                    "guardrailViolation": [self.text(3)] * rng.randint(0, 2),
+                    "refusal": rng.choice([[], [self.text(2)], [""]]),
+                }
             return p
         if method == "npc/respond":
             p = {"npcId": self.npc(), "prompt": self.text()}
             if rng.random() < 0.4:
-                p["toolChoice"] = rng.choice(["auto", "required", "none", {"tool": rng.choice(TOOLS)["name"]}, {"tool": "missing_tool"}])
+                p["toolChoice"] = rng.choice(
+                    ["auto", "required", "none", {"tool": rng.choice(TOOLS)["name"]}, {"tool": "missing_tool"}]
+                )
             if rng.random() < 0.3:
                 p["maxToolRounds"] = rng.randint(0, 4)
             if rng.random() < 0.3:
                 p["maxToolCalls"] = rng.randint(0, 8)
             p["toolTimeoutMs"] = rng.choice([1, 5, 20, 50, 100])
             if rng.random() < 0.15:
-                p["schema"] = rng.choice([{"type": "object", "properties": {"mood": {"type": "string"}}}, {"type": "array"}, {"type": "object", "required": ["n"]}])
+                p["schema"] = rng.choice(
+                    [
+                        {"type": "object", "properties": {"mood": {"type": "string"}}},
+                        {"type": "array"},
+                        {"type": "object", "required": ["n"]},
+                    ]
+                )
             if rng.random() < 0.3:
                 p["fullText"] = rng.random() < 0.5
             if rng.random() < 0.2:
@@ -310,7 +453,10 @@ class Generator:
         if method == "npc/setTags":
             return {"npcId": self.npc(), "tags": rng.sample(TAGS, rng.randint(0, 3))}
         if method == "world/set":
-            p = {"key": rng.choice(FACT_KEYS), "value": rng.choice(["storm", 3, {"open": False}, self.text(), "x" * rng.choice([10, 20000])])}
+            p = {
+                "key": rng.choice(FACT_KEYS),
+                "value": rng.choice(["storm", 3, {"open": False}, self.text(), "x" * rng.choice([10, 20000])]),
+            }
             if rng.random() < 0.3:
                 p["tags"] = rng.sample(TAGS, rng.randint(0, 2))
             if rng.random() < 0.2:
@@ -336,9 +482,22 @@ class Generator:
         if method in ("npc/cancel", "npc/transcript", "npc/reset", "npc/delete"):
             return {"npcId": self.npc()}
         if method == "npc/restore":
-            turns: list[list[dict[str, Any]]] = [[{"role": "user", "content": self.text()}, {"role": "assistant", "content": self.text()}] for _ in range(rng.randint(0, 5))]
+            turns: list[list[dict[str, Any]]] = [
+                [{"role": "user", "content": self.text()}, {"role": "assistant", "content": self.text()}]
+                for _ in range(rng.randint(0, 5))
+            ]
             if rng.random() < 0.2:
-                turns.append([{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "toolCalls": [{"id": "c", "name": "noop", "arguments": {}}]}, {"role": "tool", "content": "ok", "toolCallId": "c", "name": "noop"}])
+                turns.append(
+                    [
+                        {"role": "user", "content": "x"},
+                        {
+                            "role": "assistant",
+                            "content": "",
+                            "toolCalls": [{"id": "c", "name": "noop", "arguments": {}}],
+                        },
+                        {"role": "tool", "content": "ok", "toolCallId": "c", "name": "noop"},
+                    ]
+                )
             config = self.params("npc/create")
             p = {"save": {"version": rng.choice([1, 1, 1, 2]), "config": config, "turns": turns}}
             if rng.random() < 0.3:
@@ -371,7 +530,13 @@ class Generator:
             parent: Any = params
             path_len = self.rng.randint(0, 3)
             for _ in range(path_len):
-                kids = list(parent.items()) if isinstance(parent, dict) else list(enumerate(parent)) if isinstance(parent, list) else []
+                kids = (
+                    list(parent.items())
+                    if isinstance(parent, dict)
+                    else list(enumerate(parent))
+                    if isinstance(parent, list)
+                    else []
+                )
                 kids = [(k, v) for k, v in kids if isinstance(v, (dict, list)) and v]
                 if not kids:
                     break
@@ -383,7 +548,9 @@ class Generator:
                 elif parent and r < 0.8:
                     del parent[self.rng.choice(list(parent))]
                 else:
-                    parent[self.rng.choice(["unknownField", "npcId", "prompt", "script", "tools", "schema", "$ref"])] = self.weird()
+                    parent[
+                        self.rng.choice(["unknownField", "npcId", "prompt", "script", "tools", "schema", "$ref"])
+                    ] = self.weird()
             elif isinstance(parent, list) and parent:
                 parent[self.rng.randrange(len(parent))] = self.weird()
 
@@ -401,7 +568,9 @@ class Generator:
             msg["id"] = None  # a request whose id is null: answered with id null
             return msg, False
         elif r == 4:
-            msg["method"] = self.rng.choice(["bogus", "", "npc/", "NPC/LIST", "rpc.discover", 5, None, "npc/list\u2028"])
+            msg["method"] = self.rng.choice(
+                ["bogus", "", "npc/", "NPC/LIST", "rpc.discover", 5, None, "npc/list\u2028"]
+            )
         elif r == 5:
             msg["params"] = self.rng.choice([[1, 2], "x", 5, None, True])
         elif r == 6:
@@ -420,7 +589,22 @@ class Generator:
             elif r == 1:
                 del b[i:]
             elif r == 2:
-                b[i:i] = self.rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x00", b"\r", b"\n", b'"', b"{", b"]", "\u2028".encode(), b"\\u", b"\\ud800"])
+                b[i:i] = self.rng.choice(
+                    [
+                        b"\xff",
+                        b"\xc3",
+                        b"\xed\xa0\x80",
+                        b"\x00",
+                        b"\r",
+                        b"\n",
+                        b'"',
+                        b"{",
+                        b"]",
+                        "\u2028".encode(),
+                        b"\\u",
+                        b"\\ud800",
+                    ]
+                )
             elif r == 3 and b:
                 j = self.rng.randrange(len(b))
                 b[i:i] = b[j : j + self.rng.randint(1, 40)]
@@ -437,7 +621,23 @@ class Generator:
         if r == 0:
             return bytes(self.rng.randrange(256) for _ in range(self.rng.randint(1, 200))).replace(b"\n", b" ")
         if r == 1:
-            return self.rng.choice([b"5", b'"x"', b"null", b"true", b"[]", b"{}", b"[1,2]", b"[[]]", b"[{}]", b"NaN", b"1e999", b"-", b"\xef\xbb\xbf{}"])
+            return self.rng.choice(
+                [
+                    b"5",
+                    b'"x"',
+                    b"null",
+                    b"true",
+                    b"[]",
+                    b"{}",
+                    b"[1,2]",
+                    b"[[]]",
+                    b"[{}]",
+                    b"NaN",
+                    b"1e999",
+                    b"-",
+                    b"\xef\xbb\xbf{}",
+                ]
+            )
         if r == 2:
             n = self.rng.choice([99, 100, 101, 1000, 100_000])
             return b"[" * n + b"]" * n
@@ -445,11 +645,22 @@ class Generator:
             n = self.rng.choice([50, 99, 100, 101, 3000])
             return b'{"a":' * n + b"1" + b"}" * n
         if r == 4:
-            return b'{"jsonrpc":"2.0","id":' + str(10 ** self.rng.choice([19, 40, 400, 4000])).encode() + b',"method":"npc/list"}'
+            return (
+                b'{"jsonrpc":"2.0","id":'
+                + str(10 ** self.rng.choice([19, 40, 400, 4000])).encode()
+                + b',"method":"npc/list"}'
+            )
         if r == 5:
             return b'{"jsonrpc":"2.0","id":"' + b"\\u2028" * 10 + b'","method":"npc/list"'  # cut short
         if r == 6:
-            return b'{"jsonrpc":"2.0","method":"npc/list","id":"' + MUTATED_ID_PREFIX.encode() + b'dup","id":"' + MUTATED_ID_PREFIX.encode() + str(self._n).encode() + b'"}'
+            return (
+                b'{"jsonrpc":"2.0","method":"npc/list","id":"'
+                + MUTATED_ID_PREFIX.encode()
+                + b'dup","id":"'
+                + MUTATED_ID_PREFIX.encode()
+                + str(self._n).encode()
+                + b'"}'
+            )
         if r == 7:
             return b"   \t  "
         return b'{"jsonrpc":"2.0","id":"' + MUTATED_ID_PREFIX.encode() + b'\xff\xfe","method":"npc/list"}'
@@ -503,7 +714,14 @@ class Generator:
             return self.mutate_bytes(self._encode(msg)[:-1]) + b"\n", expected
         if r < 0.99995:
             return self.garbage() + b"\n", expected
-        return b'{"jsonrpc":"2.0","id":"' + MUTATED_ID_PREFIX.encode() + b'big","method":"npc/list","params":{"x":"' + b"a" * (5 << 20) + b'"}}\n', expected
+        return (
+            b'{"jsonrpc":"2.0","id":"'
+            + MUTATED_ID_PREFIX.encode()
+            + b'big","method":"npc/list","params":{"x":"'
+            + b"a" * (5 << 20)
+            + b'"}}\n',
+            expected,
+        )
 
     def _encode(self, obj: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=self.rng.random() < 0.5).encode("utf-8", "surrogatepass") + b"\n"
@@ -514,10 +732,17 @@ class Session:
 
     def __init__(self, root: str, gen: Generator, inputs: int, stats: Stats, failures: list[str], tag: str) -> None:
         self.root, self.gen, self.inputs, self.stats, self.failures, self.tag = root, gen, inputs, stats, failures, tag
-        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bridge", "--engine", "scripted"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=root,
+            env=env,
         )
         self.expected: dict[tuple[str, Any], int] = {}  # clean id -> responses seen
         self.possible: dict[tuple[str, Any], int] = {}  # ids that may be answered (at most once)
@@ -595,7 +820,13 @@ class Session:
                 for _ in range(20):
                     send(*self.gen.next_input())
             init_id = self.gen.clean_id()
-            send(json.dumps({"jsonrpc": "2.0", "id": init_id, "method": "initialize", "params": {"protocolVersion": 1}}).encode() + b"\n", [init_id])
+            send(
+                json.dumps(
+                    {"jsonrpc": "2.0", "id": init_id, "method": "initialize", "params": {"protocolVersion": 1}}
+                ).encode()
+                + b"\n",
+                [init_id],
+            )
             for _ in range(self.inputs):
                 send(*self.gen.next_input())
                 self.stats.inputs += 1
@@ -641,13 +872,26 @@ class Session:
 
     def _response(self, msg: Any, raw: bytes) -> None:
         self.stats.responses += 1
-        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or "id" not in msg or ("result" in msg) == ("error" in msg) or set(msg) - {"jsonrpc", "id", "result", "error"}:
+        if (
+            not isinstance(msg, dict)
+            or msg.get("jsonrpc") != "2.0"
+            or "id" not in msg
+            or ("result" in msg) == ("error" in msg)
+            or set(msg) - {"jsonrpc", "id", "result", "error"}
+        ):
             self.fail(f"not a JSON-RPC response: {raw[:200]!r}")
             return
         if "error" in msg:
             err = msg["error"]
             data = err.get("data") if isinstance(err, dict) else None
-            if not (isinstance(err, dict) and isinstance(err.get("code"), int) and isinstance(err.get("message"), str) and isinstance(data, dict) and isinstance(data.get("code"), str) and isinstance(data.get("retryable"), bool)):
+            if not (
+                isinstance(err, dict)
+                and isinstance(err.get("code"), int)
+                and isinstance(err.get("message"), str)
+                and isinstance(data, dict)
+                and isinstance(data.get("code"), str)
+                and isinstance(data.get("retryable"), bool)
+            ):
                 self.fail(f"malformed error: {raw[:200]!r}")
                 return
             self.stats.error_codes[data["code"]] += 1
@@ -676,7 +920,14 @@ class Session:
         self.stats.events += 1
         params = msg.get("params")
         method = msg.get("method")
-        if msg.get("jsonrpc") != "2.0" or "id" in msg or method not in EVENT_METHODS or not isinstance(params, dict) or not isinstance(params.get("seq"), int) or not isinstance(params.get("turnId"), str):
+        if (
+            msg.get("jsonrpc") != "2.0"
+            or "id" in msg
+            or method not in EVENT_METHODS
+            or not isinstance(params, dict)
+            or not isinstance(params.get("seq"), int)
+            or not isinstance(params.get("turnId"), str)
+        ):
             self.fail(f"not a valid event: {raw[:200]!r}")
             return
         state = self.turns.setdefault(params["turnId"], [0, False, set()])
@@ -726,15 +977,23 @@ def main() -> None:
     ap.add_argument("--inputs", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--per-process", type=int, default=50_000, help="inputs per bridge process")
-    ap.add_argument("--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)")
+    ap.add_argument(
+        "--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)"
+    )
     args = ap.parse_args()
     print(f"fuzzing {args.inputs:,} inputs, seed {args.seed}, {args.per_process:,} per process")
     report = run(args.inputs, args.seed, args.per_process, os.path.abspath(args.root), progress=True)
     s = report.stats
-    print(f"inputs            {s.inputs:,} ({s.bytes_in / 1e6:,.1f} MB) in {report.seconds:,.1f} s: {s.inputs / report.seconds:,.0f} inputs/s")
+    print(
+        f"inputs            {s.inputs:,} ({s.bytes_in / 1e6:,.1f} MB) in {report.seconds:,.1f} s: "
+        f"{s.inputs / report.seconds:,.0f} inputs/s"
+    )
     print(f"processes         {s.processes} (slowest exit after end of input: {s.max_exit_s:.2f} s)")
     print(f"stdout lines      {s.stdout_lines:,}: {s.responses:,} responses, {s.events:,} events")
-    print(f"turns             {s.turns_started:,} started, {s.terminals:,} terminal events, {s.tool_calls:,} tool calls requested")
+    print(
+        f"turns             {s.turns_started:,} started, {s.terminals:,} terminal events, "
+        f"{s.tool_calls:,} tool calls requested"
+    )
     print("error codes       " + ", ".join(f"{k} {v:,}" for k, v in s.error_codes.most_common()))
     print(f"crashes           {sum('exit status' in f or 'closed its stdin' in f for f in report.failures)}")
     print(f"internal errors   {sum('internal_error' in f for f in report.failures)}")

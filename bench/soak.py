@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -212,7 +211,9 @@ class Soak:
         async with self.send_lock:
             await self.process.stdin.send_all(data)
 
-    def request(self, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], trio.MemoryReceiveChannel[dict[str, Any]]]:
+    def request(
+        self, method: str, params: dict[str, Any]
+    ) -> tuple[dict[str, Any], trio.MemoryReceiveChannel[dict[str, Any]]]:
         self.ids += 1
         send, recv = trio.open_memory_channel[dict[str, Any]](1)
         self.waiting[self.ids] = send
@@ -291,8 +292,15 @@ class Soak:
             if self.stop:
                 break
             if decider:
-                await self.game_turn(npc_id, "npc/decide", {"npcId": npc_id, "situation": "Night falls.", "options": OPTIONS}, "stop")
-                await self.game_turn(npc_id, "npc/respond", {"npcId": npc_id, "prompt": "Say something awful.", "guardrail": "fallback"}, "fallback")
+                await self.game_turn(
+                    npc_id, "npc/decide", {"npcId": npc_id, "situation": "Night falls.", "options": OPTIONS}, "stop"
+                )
+                await self.game_turn(
+                    npc_id,
+                    "npc/respond",
+                    {"npcId": npc_id, "prompt": "Say something awful.", "guardrail": "fallback"},
+                    "fallback",
+                )
             else:
                 await self.turn(npc_id, self.rng.choice(KINDS))
             played += 1
@@ -311,7 +319,9 @@ class Soak:
 
     async def turn(self, npc_id: str, kind: str) -> None:
         started = time.perf_counter()
-        r = await self.call("npc/respond", {"npcId": npc_id, "prompt": "Any ale left?", "maxToolRounds": 1, "toolTimeoutMs": TIMEOUT_MS})
+        r = await self.call(
+            "npc/respond", {"npcId": npc_id, "prompt": "Any ale left?", "maxToolRounds": 1, "toolTimeoutMs": TIMEOUT_MS}
+        )
         if "result" not in r:
             self.fail(f"npc/respond {npc_id}: {r.get('error')}")
             return
@@ -329,13 +339,17 @@ class Soak:
                 msgs = [cancel]
                 with_submit = calls and self.rng.random() < 0.5
                 if with_submit:
-                    submit, got_submit = self.request("npc/submit", {"npcId": npc_id, "callId": calls[0], "output": {"count": 3}})
+                    submit, got_submit = self.request(
+                        "npc/submit", {"npcId": npc_id, "callId": calls[0], "output": {"count": 3}}
+                    )
                     msgs.append(submit)
                 await self.send(*msgs)
                 await got_cancel.receive()
                 if with_submit:
                     resp = await got_submit.receive()
-                    self.count("submit after cancel: " + ("accepted" if "result" in resp else resp["error"]["data"]["code"]))
+                    self.count(
+                        "submit after cancel: " + ("accepted" if "result" in resp else resp["error"]["data"]["code"])
+                    )
             elif calls and kind in ("normal", "late"):
                 await trio.sleep(self.rng.uniform(0, 0.03) if kind == "normal" else (TIMEOUT_MS + 150) / 1000)
                 resp = await self.call("npc/submit", {"npcId": npc_id, "callId": calls[0], "output": {"count": 3}})
@@ -380,7 +394,10 @@ class Soak:
                         bad[pattern] = f"{t.id} call {call_id}"
                     self.count("BAD call ended " + pattern)
         for pattern, example in bad.items():
-            self.fail(f"{self.counts['BAD call ended ' + pattern]} call(s) ended {pattern}, not with exactly one of completed/withdrawn (e.g. {example})")
+            self.fail(
+                f"{self.counts['BAD call ended ' + pattern]} call(s) ended {pattern}, "
+                f"not with exactly one of completed/withdrawn (e.g. {example})"
+            )
 
 
 def flat(first: float, last: float, slack: float) -> str:
@@ -392,15 +409,25 @@ def flat(first: float, last: float, slack: float) -> str:
 
 async def main_async(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
-    env = {**os.environ, "PYTHONPATH": args.root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": args.root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+    }
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "bridge", "--engine", "scripted"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=args.root, env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=args.root,
+        env=env,
     )
     soak = Soak(process, rng, args.game)
     soak.windows.append(Window())
     window_s = args.window or (60.0 if args.minutes >= 3 else 10.0)
-    print(f"soak: {args.npcs} NPCs for {args.minutes} min, windows of {window_s:.0f} s, bridge pid {process.pid}", flush=True)
+    print(
+        f"soak: {args.npcs} NPCs for {args.minutes} min, windows of {window_s:.0f} s, bridge pid {process.pid}",
+        flush=True,
+    )
     status: int | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(soak.read)
@@ -436,14 +463,20 @@ async def main_async(args: argparse.Namespace) -> int:
     soak.verify()
     full = [w for w in soak.windows if w.rss_mib > 0]
     print()
-    print(f"turns: {sum(w.turns for w in full):,} ended; requests: {soak.sent_ids:,} sent, {soak.answered:,} answered; exit {exit_s:.2f} s after EOF")
+    print(
+        f"turns: {sum(w.turns for w in full):,} ended; requests: {soak.sent_ids:,} sent, "
+        f"{soak.answered:,} answered; exit {exit_s:.2f} s after EOF"
+    )
     for k in sorted(soak.counts):
         print(f"  {k:40s} {soak.counts[k]:8,}")
     if len(full) >= 3:
         first, last = full[1], full[-1]  # the first window is warm-up
         print("latency p50: " + flat(pct(first.latencies, 0.5) * 1000, pct(last.latencies, 0.5) * 1000, 1.25))
         print("latency p99: " + flat(pct(first.latencies, 0.99) * 1000, pct(last.latencies, 0.99) * 1000, 1.5))
-        print("CPU/turn ms: " + flat(first.cpu_s / max(first.turns, 1) * 1000, last.cpu_s / max(last.turns, 1) * 1000, 1.25))
+        print(
+            "CPU/turn ms: "
+            + flat(first.cpu_s / max(first.turns, 1) * 1000, last.cpu_s / max(last.turns, 1) * 1000, 1.25)
+        )
         print("RSS MiB:     " + flat(first.rss_mib, last.rss_mib, 1.05))
     else:
         print("too few windows to judge flatness (use --minutes 1 or more)")
@@ -458,9 +491,15 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--npcs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--window", type=float, default=0, help="seconds per reported window (default: 60, or 10 under 3 minutes)")
-    ap.add_argument("--game", action="store_true", help="the game layer too: world facts, decisions, prewarm, fallbacks")
-    ap.add_argument("--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)")
+    ap.add_argument(
+        "--window", type=float, default=0, help="seconds per reported window (default: 60, or 10 under 3 minutes)"
+    )
+    ap.add_argument(
+        "--game", action="store_true", help="the game layer too: world facts, decisions, prewarm, fallbacks"
+    )
+    ap.add_argument(
+        "--root", default=ROOT, help="source tree whose bridge package is started (default: this repository)"
+    )
     args = ap.parse_args()
     args.root = os.path.abspath(args.root)
     raise SystemExit(trio.run(main_async, args))

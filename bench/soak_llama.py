@@ -18,7 +18,7 @@ import sys
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.conftest import open_bridge  # noqa: E402
+from tests.support.harness import open_bridge  # noqa: E402
 
 DOOR = {
     "name": "open_door",

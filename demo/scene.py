@@ -27,18 +27,30 @@ TOOLS = [
     {
         "name": "check_inventory",
         "description": "Look up how many of an item the tavern has in stock. Use it before promising anything.",
-        "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": sorted(INVENTORY)}}, "required": ["item"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"item": {"type": "string", "enum": sorted(INVENTORY)}},
+            "required": ["item"],
+        },
     }
 ]
 LINES = [("Good evening! What's your name?", "none"), ("Do you have any ale left?", "required")]
 FACT = ("storm", "A storm is coming from the north tonight.")
-GUARD = {"name": "Bram", "role": "the guard at the village gate", "traits": ["watchful", "blunt"], "speechStyle": "Short, plain sentences."}
+GUARD = {
+    "name": "Bram",
+    "role": "the guard at the village gate",
+    "traits": ["watchful", "blunt"],
+    "speechStyle": "Short, plain sentences.",
+}
 OPENER = "Evening, Greta. What do you make of the weather tonight?"  # the game's line for Bram
 GUARD_SCRIPT = [
     {"text": "Then I'll bar the north gate early."},
     {"json": {"reasoning": "A stranger before a storm could be trouble.", "choice": "question"}},
 ]
-GRETA_TALK_SCRIPT = [{"text": "A storm is coming from the north tonight, Bram."}, {"text": "Good. Come in for stew after."}]
+GRETA_TALK_SCRIPT = [
+    {"text": "A storm is coming from the north tonight, Bram."},
+    {"text": "Good. Come in for stew after."},
+]
 OPTIONS = [
     {"name": "let_in", "description": "open the gate and let the stranger in"},
     {"name": "question", "description": "ask the stranger who they are first"},
@@ -48,7 +60,14 @@ OPTIONS = [
 
 class Bridge:
     def __init__(self, engine: str) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", engine], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "--engine", engine],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         threading.Thread(target=self._log, daemon=True).start()
         self.next_id = 0
 
@@ -58,7 +77,9 @@ class Bridge:
 
     def send(self, method: str, params: dict) -> int:
         self.next_id += 1
-        self.p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n")
+        self.p.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}) + "\n"
+        )
         self.p.stdin.flush()
         return self.next_id
 
@@ -98,7 +119,10 @@ def play(bridge: Bridge, npc: str, name: str, method: str, params: dict) -> dict
             print(f"{name}:  ".ljust(8), end="", flush=True)
         elif msg["method"] == "turn/completed":
             tail = f", world revision {p['worldRevision']}" if p["worldRevision"] else ""
-            print(f"\n  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), {p['usage']['outputTokens']} tokens out{tail}]\n")
+            print(
+                f"\n  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), "
+                f"{p['usage']['outputTokens']} tokens out{tail}]\n"
+            )
             return p
         elif msg["method"] == "turn/failed":
             print(f"\n  [turn failed: {p['error']['code']}: {p['error']['message']}]\n")
@@ -128,9 +152,25 @@ def game_layer(bridge: Bridge, engine: str, options: dict) -> None:
     print(f"Bram:   {OPENER}\n  [the game's line]\n")
     said = {"text": OPENER}
     for npc, name, other in (("greta", "Greta", "bram"), ("bram", "Bram", "greta"), ("greta", "Greta", "bram")):
-        said = play(bridge, npc, name, "npc/respond", {"npcId": npc, "prompt": said.get("text", ""), "speaker": other, "toolChoice": "none"})
+        said = play(
+            bridge,
+            npc,
+            name,
+            "npc/respond",
+            {"npcId": npc, "prompt": said.get("text", ""), "speaker": other, "toolChoice": "none"},
+        )
     print("[game] a hooded stranger walks up to the gate. npc/decide bram:")
-    decision = play(bridge, "bram", "Bram", "npc/decide", {"npcId": "bram", "situation": "A hooded stranger walks up to the village gate just before the storm.", "options": OPTIONS})
+    decision = play(
+        bridge,
+        "bram",
+        "Bram",
+        "npc/decide",
+        {
+            "npcId": "bram",
+            "situation": "A hooded stranger walks up to the village gate just before the storm.",
+            "options": OPTIONS,
+        },
+    )
     if decision:
         answer = decision["json"]
         print(f"[game] Bram chose {answer['choice']!r} because: {answer.get('reasoning', '')}")
@@ -144,17 +184,35 @@ def main() -> int:
     init = bridge.call("initialize", {"protocolVersion": 1, "clientInfo": {"name": "tavern-demo", "version": "1"}})
     print("engines:", ", ".join(f"{e['name']}={'yes' if e['available'] else 'no'}" for e in init["engines"]))
     # a model engine: available, and not a test backend (those say why in "reason")
-    if args.engine == "auto" and not any(e["available"] and e["reason"] is None for e in init["engines"] if e["name"] != "scripted"):
+    if args.engine == "auto" and not any(
+        e["available"] and e["reason"] is None for e in init["engines"] if e["name"] != "scripted"
+    ):
         print("no model engine is available here; playing the scripted scene instead")
         args.engine = "scripted"
-    create: dict = {"npcId": "greta", "persona": {"name": "Greta", "role": "the keeper of the Rusty Flagon tavern", "traits": ["gruff", "warm-hearted"], "speechStyle": "Short, plain sentences."}, "tools": TOOLS, "options": {"temperature": 0.0, "maxTokens": 60, "seed": 7}}
+    create: dict = {
+        "npcId": "greta",
+        "persona": {
+            "name": "Greta",
+            "role": "the keeper of the Rusty Flagon tavern",
+            "traits": ["gruff", "warm-hearted"],
+            "speechStyle": "Short, plain sentences.",
+        },
+        "tools": TOOLS,
+        "options": {"temperature": 0.0, "maxTokens": 60, "seed": 7},
+    }
     if args.engine == "scripted":
         create["script"], create["engine"] = SCRIPT + GRETA_TALK_SCRIPT, "scripted"
     npc = bridge.call("npc/create", create)
     print(f"NPC greta on engine {npc['engine']} (context {npc['contextSize']} tokens)\n")
     for line, choice in LINES:
         print(f"Player: {line}")
-        play(bridge, "greta", "Greta", "npc/respond", {"npcId": "greta", "prompt": line, "toolChoice": choice, "maxToolRounds": 1})
+        play(
+            bridge,
+            "greta",
+            "Greta",
+            "npc/respond",
+            {"npcId": "greta", "prompt": line, "toolChoice": choice, "maxToolRounds": 1},
+        )
     save = bridge.call("npc/transcript", {"npcId": "greta"})
     print("Transcript (what the game would store in its save file):")
     for turn in save["turns"]:

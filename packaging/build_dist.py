@@ -115,7 +115,7 @@ def set_elf_runpath_to_origin(path: Path) -> str | None:
     data = bytearray(path.read_bytes())
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     dynamic = next((s for s in sections if s[1] == 6), None)  # SHT_DYNAMIC
@@ -178,8 +178,19 @@ def build(model: Path | None, native: Path | None) -> None:
         env["OAM_DIST_NATIVE_LIB"] = str(staged)
     STAMP.unlink(missing_ok=True)
     log = WORK / "build.log"
-    cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--log-level", "WARN",
-           "--distpath", str(DIST), "--workpath", str(WORK), str(SPEC)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "PyInstaller",
+        "--noconfirm",
+        "--log-level",
+        "WARN",
+        "--distpath",
+        str(DIST),
+        "--workpath",
+        str(WORK),
+        str(SPEC),
+    ]
     with log.open("w") as f:
         done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -198,8 +209,18 @@ def folder_size(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["1", "0"], default=os.environ.get("DIST_MODEL", "1"), help="bundle the model (1) or leave it out (0)")
-    ap.add_argument("--native", choices=["1", "0"], default=os.environ.get("DIST_NATIVE", "1"), help="bundle libOamNative when it is built (1) or not (0)")
+    ap.add_argument(
+        "--model",
+        choices=["1", "0"],
+        default=os.environ.get("DIST_MODEL", "1"),
+        help="bundle the model (1) or leave it out (0)",
+    )
+    ap.add_argument(
+        "--native",
+        choices=["1", "0"],
+        default=os.environ.get("DIST_NATIVE", "1"),
+        help="bundle libOamNative when it is built (1) or not (0)",
+    )
     ap.add_argument("--force", action="store_true", help="build even when up to date")
     ap.add_argument("--check", action="store_true", help="exit 0 when up to date, 1 when a build is due; build nothing")
     args = ap.parse_args(argv)
@@ -219,9 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         build(model, native)
         STAMP.write_text(json.dumps(wanted, indent=1))
     what = ", ".join(
-        ["llama.cpp"] + (["the model"] if model else ["no model (--model needed)"]) + (["libOamNative"] if native else [])
+        ["llama.cpp"]
+        + (["the model"] if model else ["no model (--model needed)"])
+        + (["libOamNative"] if native else [])
     )
-    print(f"built {EXE.relative_to(ROOT)} in {time.monotonic() - t0:.0f} s: {folder_size(OUT) / 2**20:.0f} MiB with {what}")
+    print(
+        f"built {EXE.relative_to(ROOT)} in {time.monotonic() - t0:.0f} s: "
+        f"{folder_size(OUT) / 2**20:.0f} MiB with {what}"
+    )
     return 0
 
 

@@ -172,7 +172,10 @@ def scripted_backend_note(why: str | None) -> str:
     """The ``reason`` an engine info carries when the library runs its scripted model; ``why``:
     why Apple's model is not available (None: it is, and the scripted one was asked for)."""
     what = f"Apple's model is not available here ({why})" if why else "started on the scripted model"
-    return f"test backend only: {what}; an NPC on this engine plays its script, then echoes the prompt, and auto never picks it"
+    return (
+        f"test backend only: {what}; an NPC on this engine plays its script, then echoes the prompt, "
+        "and auto never picks it"
+    )
 
 
 def availability() -> tuple[bool, str | None]:
@@ -454,7 +457,7 @@ class NativeEngine:
                 if m == n:
                     await trio.lowlevel.checkpoint()  # one per batch: fairness and cancellation
                     continue
-                for kind, e in zip(unpack(b.kinds + m, n - m), ends[m:]):
+                for kind, e in zip(unpack(b.kinds + m, n - m), ends[m:], strict=True):
                     payload = text[s:e]
                     s = e
                     if kind == EV_TEXT:

@@ -396,7 +396,8 @@ class OpenAIEngine:
                             and "response_format" in err
                         ):
                             log.info(
-                                "openai engine: the server refused response_format json_schema; using json_object with a schema"
+                                "openai engine: the server refused response_format json_schema; using json_object "
+                                "with a schema"
                             )
                             self._schema_form = "json_object"
                             continue

@@ -36,7 +36,7 @@ import uuid
 from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 import trio
@@ -56,7 +56,7 @@ from bridge.engines.base import (
 )
 from bridge.errors import ERROR_CODES, BridgeError
 
-Step = Union[dict[str, Any], Callable[[StepRequest], dict[str, Any]]]
+Step = dict[str, Any] | Callable[[StepRequest], dict[str, Any]]
 _WORDS = re.compile(r"\S+\s*|\s+")
 MAX_DELAY_MS = 86_400_000  # a day, like toolTimeoutMs
 _DelayMs = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_MS)]
@@ -169,7 +169,7 @@ class _PromptCount:
         if (
             instructions != self._instructions
             or len(tools) != len(self._tools)
-            or any(a is not b for a, b in zip(tools, self._tools))
+            or any(a is not b for a, b in zip(tools, self._tools, strict=True))
         ):
             self._instructions, self._tools, self._base = instructions, list(tools), _count_base(instructions, tools)
         self._follow(msgs)

@@ -48,7 +48,10 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         "--llama-parallel",
         type=int,
         default=int(os.environ.get("OAM_LLAMA_PARALLEL", "0")),
-        help="llama engine: NPCs whose steps decode together in one batch; more wait for a place (env OAM_LLAMA_PARALLEL; default 8)",
+        help=(
+            "llama engine: NPCs whose steps decode together in one batch; more wait for a place (env "
+            "OAM_LLAMA_PARALLEL; default 8)"
+        ),
     )
     ap.add_argument(
         "--llama-verbose",
@@ -59,7 +62,10 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--openai-url",
         default=os.environ.get("OAM_OPENAI_URL"),
-        help="openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without it the engine is unavailable)",
+        help=(
+            "openai engine: an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 (env OAM_OPENAI_URL; without "
+            "it the engine is unavailable)"
+        ),
     )
     ap.add_argument(
         "--openai-model",
@@ -75,13 +81,19 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         "--openai-timeout",
         type=float,
         default=float(os.environ.get("OAM_OPENAI_TIMEOUT", "60")),
-        help="openai engine: seconds without a byte from the server before a step fails generation_failed (env OAM_OPENAI_TIMEOUT; default 60)",
+        help=(
+            "openai engine: seconds without a byte from the server before a step fails generation_failed (env "
+            "OAM_OPENAI_TIMEOUT; default 60)"
+        ),
     )
     ap.add_argument(
         "--openai-connect-timeout",
         type=float,
         default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")),
-        help="openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; default 5)",
+        help=(
+            "openai engine: seconds to connect before a step fails model_unavailable (env OAM_OPENAI_CONNECT_TIMEOUT; "
+            "default 5)"
+        ),
     )
     ap.add_argument(
         "--openai-ctx",
@@ -93,7 +105,12 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         "--openai-grammar",
         action="store_true",
         default=os.environ.get("OAM_OPENAI_GRAMMAR", "") not in ("", "0"),
-        help="openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field (llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among several tools, free text and schema answers on servers that do not constrain a choice of tools (env OAM_OPENAI_GRAMMAR=1)",
+        help=(
+            "openai engine: constrain each step with the llama engine's GBNF in the request's 'grammar' field "
+            "(llama-server, llama_cpp.server) instead of sending 'tools' and 'response_format': tool calls among "
+            "several tools, free text and schema answers on servers that do not constrain a choice of tools (env "
+            "OAM_OPENAI_GRAMMAR=1)"
+        ),
     )
 
 

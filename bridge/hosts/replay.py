@@ -50,6 +50,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import trio
@@ -188,7 +189,8 @@ class Recording:
                 and opts.get("seed") is None
             ):
                 out.append(
-                    f"npc {npc!r} sampled on {info['engine']} at temperature {opts.get('temperature', 'default')} without a seed: its texts are random and may differ"
+                    f"npc {npc!r} sampled on {info['engine']} at temperature {opts.get('temperature', 'default')} "
+                    "without a seed: its texts are random and may differ"
                 )
         return out
 
@@ -384,13 +386,14 @@ class Matcher:
                     yield f"{_path((*path, k))}: not in the recording (now {_compact(act[k])})"
                 elif k in _ID_FIELDS and isinstance(exp[k], str) and isinstance(act[k], str):
                     if not self._same_id(exp[k], act[k]):
-                        yield f"{_path((*path, k))}: {exp[k]!r} was {self.ids.get(exp[k])!r} in this replay, now {act[k]!r}"
+                        was = self.ids.get(exp[k])
+                        yield f"{_path((*path, k))}: {exp[k]!r} was {was!r} in this replay, now {act[k]!r}"
                 else:
                     yield from self._diff(exp[k], act[k], (*path, k), ignored)
         elif isinstance(exp, list) and isinstance(act, list):
             if len(exp) != len(act):
                 yield f"{where}: {len(exp)} items recorded, {len(act)} now"
-            for i, (e, a) in enumerate(zip(exp, act)):
+            for i, (e, a) in enumerate(zip(exp, act, strict=False)):  # a length change is said above
                 yield from self._diff(e, a, (*path, str(i)), ignored)
         elif isinstance(exp, str) and isinstance(act, str):
             if exp != act and not (_BRIDGE_ID.match(exp) and self._same_id(exp, act)) and self._mapped_text(exp) != act:
@@ -472,7 +475,7 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
             stdin_open = True
             for step in rec.steps:
                 at_line = step.line
-                if not await wait_for(lambda: matcher.matched_before(step.after)):
+                if not await wait_for(partial(matcher.matched_before, step.after)):
                     found(matcher.first_missing(at_line))
                 if out.divergence is not None:
                     break
@@ -523,15 +526,21 @@ def _parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         argv, extra = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(
         prog="oam replay",
-        description="Replay a session recorded with oam-bridge --record against a fresh bridge and report the first divergence "
-        "(exit status 0: it matched, 1: it diverged, 2: no replay). Options after -- go to the bridge, after the recorded ones.",
+        description=(
+            "Replay a session recorded with oam-bridge --record against a fresh bridge and report the first divergence "
+            "(exit status 0: it matched, 1: it diverged, 2: no replay). Options after -- go to the bridge, after the "
+            "recorded ones."
+        ),
     )
     ap.add_argument("recording", help="the JSONL file oam-bridge --record wrote")
     ap.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help=f"seconds without a line from the bridge before a recorded line it has not written counts as missing (default {DEFAULT_TIMEOUT_S:g}; its first line gets {STARTUP_S:g} at least)",
+        help=(
+            "seconds without a line from the bridge before a recorded line it has not written counts as missing "
+            f"(default {DEFAULT_TIMEOUT_S:g}; its first line gets {STARTUP_S:g} at least)"
+        ),
     )
     ap.add_argument(
         "--bridge",
@@ -563,7 +572,8 @@ def main(argv: list[str]) -> int:
         command = [*base, *bridge_argv(rec.header, script_path), *extra]
         if not args.quiet:
             print(
-                f"replaying {args.recording} (bridge {rec.header.get('bridgeVersion')}, {len(rec.steps)} writes of the game, {len(rec.expected)} lines of the bridge)"
+                f"replaying {args.recording} (bridge {rec.header.get('bridgeVersion')}, {len(rec.steps)} writes "
+                f"of the game, {len(rec.expected)} lines of the bridge)"
             )
             for w in rec.warnings():
                 print(f"  note: {w}")

@@ -28,7 +28,8 @@ The file, one JSON object per line:
   random, so only an NPC with a seed, or at temperature 0, replays its texts).
 
 Cost on the event loop: a time stamp and a deque append per read and per write (the writer
-writes many lines at once while a turn streams). A thread formats and writes the records, flushing every ``FLUSH_EVERY_S``; it never touches stdout. ``close`` (stdin EOF,
+writes many lines at once while a turn streams). A thread formats and writes the records,
+flushing every ``FLUSH_EVERY_S``; it never touches stdout. ``close`` (stdin EOF,
 ``exit``, a signal, the game gone) writes what is queued and the trailer. Bound: past
 ``MAX_BACKLOG_BYTES`` not yet written (a disk slower than the bridge), lines are dropped from
 the recording, never from the protocol, and the trailer counts them.

@@ -58,20 +58,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--poll-us",
         type=int,
         default=int(os.environ.get("OAM_POLL_US", "200")),
-        help="after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 = never poll; env OAM_POLL_US)",
+        help=(
+            "after input, poll stdin this many microseconds before sleeping (lower latency for bursts of requests; 0 "
+            "= never poll; env OAM_POLL_US)"
+        ),
     )
     ap.add_argument(
         "--parent-watch-ms",
         type=int,
         default=int(os.environ.get("OAM_PARENT_WATCH_MS", "200")),
-        help="check this often that the process that started the bridge (the game) is alive, and exit when it is gone (0 = never; env OAM_PARENT_WATCH_MS)",
+        help=(
+            "check this often that the process that started the bridge (the game) is alive, and exit when it is gone "
+            "(0 = never; env OAM_PARENT_WATCH_MS)"
+        ),
     )
     ap.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
     ap.add_argument(
         "--record",
         metavar="FILE",
         default=os.environ.get("OAM_RECORD") or None,
-        help="record the session (every line in and out, the engine options) to FILE, a JSONL file python -m bridge.hosts.replay plays back (env OAM_RECORD)",
+        help=(
+            "record the session (every line in and out, the engine options) to FILE, a JSONL file python -m "
+            "bridge.hosts.replay plays back (env OAM_RECORD)"
+        ),
     )
     ap.add_argument("--version", action="version", version=f"oam-bridge {__version__}")
     return ap.parse_args(argv)

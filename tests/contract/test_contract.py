@@ -431,7 +431,7 @@ async def test_reset_list_and_delete(any_client: Client) -> None:
 async def test_long_conversations_are_trimmed_and_announced(any_client: Client) -> None:
     c = any_client
     await create(c, tools=[], options={"maxTokens": 16})
-    for i in range(40):
+    for _ in range(40):
         tid, done = await c.turn("keeper", "word " * 60)
         assert done["method"] == "turn/completed"
     trims = [e for e in c.events if e["method"] == "turn/contextTrimmed"]

@@ -212,9 +212,8 @@ async def test_a_decision_picks_an_option_reasoning_first_and_stays_out_of_the_h
     assert list(done["params"]["json"]) == ["reasoning", "choice"]
     started = c.turn_events(r["turnId"])[0]["params"]
     assert started["kind"] == "decide"
-    assert (
-        started["prompt"]
-        == "A stranger walks up after dark.\n\nChoose one option:\n- let_in: open the gate\n- question: ask who they are"
+    assert started["prompt"] == (
+        "A stranger walks up after dark.\n\nChoose one option:\n- let_in: open the gate\n- question: ask who they are"
     )
     assert "turn/partialJson" in methods(c, r["turnId"])
     assert await transcript_turns(c, "guard") == [], "a decision does not enter the history by default"

@@ -156,7 +156,7 @@ async def test_the_keeper_answers_with_the_count_the_game_gave() -> None:
             if done := [e for e in c.turn_events(ale) if e["method"] in ("turn/completed", "turn/failed")]:
                 said[npc] = done[0], calls
                 return
-            await c.until(f"the next event of {ale}", lambda: len(c.turn_events(ale)) > n or None)
+            await c.until(f"the next event of {ale}", lambda n=n: len(c.turn_events(ale)) > n or None)
 
     async with llama_bridge() as p:
         with trio.fail_after(600):

@@ -311,7 +311,9 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
             async def watch() -> None:
                 seen = len(c.turn_events(r["turnId"]))
                 while True:
-                    await c.until("the bard's next event", lambda: len(c.turn_events(r["turnId"])) > seen or None)
+                    await c.until(
+                        "the bard's next event", lambda seen=seen: len(c.turn_events(r["turnId"])) > seen or None
+                    )
                     n = len(c.turn_events(r["turnId"]))
                     arrivals.extend([trio.current_time()] * (n - seen))
                     seen = n
@@ -324,7 +326,7 @@ async def test_loading_a_model_does_not_stall_the_other_npcs(tmp_path) -> None: 
                 inner.cancel_scope.cancel()
         assert created["engine"] == "llama"
         during = [t for t in arrivals if t0 <= t <= t0 + took]
-        gaps = [b - a for a, b in zip([t0, *during], [*during, t0 + took])]
+        gaps = [b - a for a, b in zip([t0, *during], [*during, t0 + took], strict=True)]
         assert len(during) >= 5 and max(gaps) < took / 2, (
             f"the load took {took:.3f} s; longest pause in the stream {max(gaps):.3f} s"
         )

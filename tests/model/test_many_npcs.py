@@ -103,7 +103,7 @@ async def six_npcs_at_once(p: Proc, engine: str) -> dict[str, float]:
             n.start_soon(guard)
             n.start_soon(bard)
         done = {npc: await c.wait_terminal(t) for npc, t in turns.items()}
-    for npc, t in turns.items():
+    for _npc, t in turns.items():
         c.assert_well_formed(t)
     assert done["bard"]["method"] == "turn/failed" and done["bard"]["params"]["error"]["code"] == "cancelled"
     assert (await c.call("npc/transcript", {"npcId": "bard"}))["turns"] == []  # rolled back
@@ -254,7 +254,7 @@ def rows_alike(reference: list[tuple[Any, int | None]], steps: list[tuple[Any, i
     import numpy as np
 
     same = 0
-    for (a, tok_a), (b, tok_b) in zip(reference, steps):
+    for (a, tok_a), (b, tok_b) in zip(reference, steps, strict=False):
         top = np.argsort(a)[-20:]  # the candidates that matter
         assert float(np.max(np.abs(a[top] - b[top]))) < ROWS_APART, (same, a[top], b[top])
         same += 1
@@ -344,9 +344,9 @@ async def test_a_speaking_npc_and_a_prompt_being_read_decode_apart(
     teller = next(iter(batches[0]))
     listening = [i for i in reading if teller not in batches[i]]
     assert len(listening) >= 3, batches
-    assert all(any(batches[i] == {teller: 1} for i in range(a + 1, b)) for a, b in zip(listening, listening[1:])), (
-        batches
-    )
+    assert all(
+        any(batches[i] == {teller: 1} for i in range(a + 1, b)) for a, b in zip(listening, listening[1:], strict=False)
+    ), batches
     # ... and never in the same decode as the prompt's rows
     assert all(len(batches[i]) == 1 for i in reading), [batches[i] for i in reading]
 

@@ -267,7 +267,7 @@ async def test_four_npcs_stream_at_once(server_url: str) -> None:
         turns = [(await c.call("npc/respond", {"npcId": npc, "prompt": "Good morning!"}))["turnId"] for npc in ids]
         with trio.fail_after(120):
             done = [await c.wait_terminal(t) for t in turns]
-        for t, d in zip(turns, done):
+        for t, d in zip(turns, done, strict=True):
             assert d["method"] == "turn/completed", d
             assert d["params"]["text"] == "".join(deltas(p, t)) and deltas(p, t)
             c.assert_well_formed(t)

@@ -127,7 +127,7 @@ async def test_output_held_for_a_slow_reader_is_bounded_in_bytes() -> None:
         # fullText: every delta carries the text so far, so lines grow to ~96 KB.
         await b.send(
             INIT,
-            rpc(2, "npc/create", {"npcId": "bard", "script": [{"text": " ".join("w%030d" % i for i in range(3000))}]}),
+            rpc(2, "npc/create", {"npcId": "bard", "script": [{"text": " ".join(f"w{i:030d}" for i in range(3000))}]}),
         )
         await wait_idle(b.pid)
         before = rss_kib(b.pid)

@@ -140,7 +140,8 @@ def test_tool_calls_are_answered_by_the_named_command(tmp_path: Path) -> None:
         'cat > args.json\necho "$OAM_TOOL_NAME $OAM_TOOL_CALL_ID" > env.txt\necho \'{"count": 3}\'\n'
     )
     r = shell(
-        "oam respond --engine scripted --script ale.json --tools tools.json --tool-command 'sh inventory.sh' --save save.json 'Any ale?' | cat",
+        "oam respond --engine scripted --script ale.json --tools tools.json "
+        "--tool-command 'sh inventory.sh' --save save.json 'Any ale?' | cat",
         tmp_path,
     )
     assert (r.returncode, r.stdout, r.stderr) == (0, "Three barrels.\n", "")
@@ -157,7 +158,8 @@ def test_a_failing_tool_command_is_an_error_the_model_sees_and_the_turn_goes_on(
     write(tmp_path, "tools.json", INVENTORY)
     write(tmp_path, "ale.json", [ALE_CALL, {"text": "Sorry, I cannot tell."}])
     r = shell(
-        "oam respond --engine scripted --script ale.json --tools tools.json --tool-command 'echo cellar locked >&2; exit 3' --save save.json 'Any ale?'",
+        "oam respond --engine scripted --script ale.json --tools tools.json "
+        "--tool-command 'echo cellar locked >&2; exit 3' --save save.json 'Any ale?'",
         tmp_path,
     )
     assert (r.returncode, r.stdout) == (0, "Sorry, I cannot tell.\n"), r.stderr
@@ -181,7 +183,8 @@ def test_schema_prints_the_json_answer_on_one_line(tmp_path: Path) -> None:
     write(tmp_path, "mood.json", {"type": "object", "properties": {"mood": {"type": "string"}}, "required": ["mood"]})
     write(tmp_path, "answer.json", [{"json": {"mood": "calm"}}])
     r = shell(
-        "oam respond --engine scripted --script answer.json --schema mood.json 'How are you?' | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"mood\"])'",
+        "oam respond --engine scripted --script answer.json --schema mood.json 'How are you?' "
+        "| python3 -c 'import json, sys; print(json.load(sys.stdin)[\"mood\"])'",
         tmp_path,
     )
     assert (r.returncode, r.stdout, r.stderr) == (0, "calm\n", "")
@@ -258,7 +261,8 @@ def test_schema_checks_a_schema_as_the_bridge_does(tmp_path: Path) -> None:
 @pytest.mark.model
 def test_respond_on_the_bundled_model_pipes_words_only(tmp_path: Path) -> None:
     r = shell(
-        "oam respond --engine llama --max-tokens 24 --temperature 0 -i 'You keep the Rusty Flagon.' 'Any ale left?' | cat",
+        "oam respond --engine llama --max-tokens 24 --temperature 0 "
+        "-i 'You keep the Rusty Flagon.' 'Any ale left?' | cat",
         tmp_path,
         timeout=300,
     )
@@ -488,7 +492,8 @@ def test_chat_saves_resets_and_loads_the_transcript_in_npc_transcripts_format(tm
     t.wait_for("(loaded 1 turns from saved.json)")
     t.type("/history")
     t.wait_for(
-        'you: Any ale?\n  [keeper calls check_inventory {"item": "ale"}]\n  [check_inventory -> {"count":3}]\nkeeper: Three barrels.\n',
+        'you: Any ale?\n  [keeper calls check_inventory {"item": "ale"}]\n'
+        '  [check_inventory -> {"count":3}]\nkeeper: Three barrels.\n',
         after="/load",
     )
     t.type("/load missing.json")

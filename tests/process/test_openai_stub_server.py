@@ -62,7 +62,10 @@ async def _stub(stream: trio.SocketStream, status: str, body: bytes, extra: str 
     while len(rest) < length:
         rest += await stream.receive_some(65536)
     await stream.send_all(
-        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
+        (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+        ).encode()
         + body
     )
     await stream.aclose()

@@ -99,7 +99,10 @@ async def test_the_recording_holds_every_line_in_and_out_in_order_and_stdout_onl
     rec = tmp_path / "r.jsonl"
     sent = [
         b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}',
-        b'{"jsonrpc":"2.0","id":2,"method":"npc/create","params":{"npcId":"g","script":[{"text":"Halt! Who goes there?"}],"options":{"temperature":0.5,"seed":9}}}',
+        (
+            b'{"jsonrpc":"2.0","id":2,"method":"npc/create","params":{"npcId":"g",'
+            b'"script":[{"text":"Halt! Who goes there?"}],"options":{"temperature":0.5,"seed":9}}}'
+        ),
         b'{"jsonrpc":"2.0","id":3,"method":"npc/respond","params":{"npcId":"g","prompt":"Hi"}}',
         b'[{"jsonrpc":"2.0","id":4,"method":"npc/create","params":{"npcId":"h"}},{"jsonrpc":"2.0","id":5,"method":"npc/list"}]',
         b"not json \xff",

@@ -145,7 +145,8 @@ def minbase_chroot(suite: str) -> Path:
             )
             if done.returncode != 0:
                 missing(
-                    f"debootstrap {suite} from {MIRROR} failed ({done.returncode}): {done.stdout[-1000:]}{done.stderr[-1000:]}"
+                    f"debootstrap {suite} from {MIRROR} failed ({done.returncode}): "
+                    f"{done.stdout[-1000:]}{done.stderr[-1000:]}"
                 )
             (work / ".oam-debootstrap-done").touch()
         (work / READY).write_text(f"debootstrap --variant=minbase {suite} {MIRROR}\n")
@@ -255,7 +256,8 @@ async def test_the_built_bridge_runs_a_llama_turn_in_a_minimal_system(
                     await p.process.wait()
                     await trio.testing.wait_all_tasks_blocked()
                     pytest.fail(
-                        f"the build did not start on {glibc} (exit {p.process.returncode}): {p.stderr.decode(errors='replace')[-1500:]}"
+                        f"the build did not start on {glibc} (exit {p.process.returncode}): "
+                        f"{p.stderr.decode(errors='replace')[-1500:]}"
                     )
                 engines = {e["name"]: e for e in init["engines"]}
                 assert engines["llama"]["available"] is True, (glibc, engines["llama"])

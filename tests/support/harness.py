@@ -293,7 +293,7 @@ class Client:
             if done:
                 self.assert_well_formed(tid)
                 return done[0], seen
-            await self.until(f"the next event of {tid}", lambda: len(self.turn_events(tid)) > n or None)
+            await self.until(f"the next event of {tid}", lambda n=n: len(self.turn_events(tid)) > n or None)
 
     def assert_well_formed(self, turn_id: str) -> None:
         evs = self.turn_events(turn_id)

@@ -629,7 +629,7 @@ async def test_the_scripted_engine_keeps_a_bounded_number_of_requests_and_forget
     a, b = make_npc(engine, sink, npc_id="a"), make_npc(engine, sink, npc_id="b")
     engine.set_script("a", [{"text": "x " * 50}] * 40)
     async with running(a), running(b):
-        for i in range(40):
+        for _ in range(40):
             await sink.terminal(respond(a, "long prompt " * 100))
         await sink.terminal(respond(b))
         assert len(engine.requests) == 16 and engine.requests[-1].npc_id == "b"
