@@ -101,31 +101,43 @@ def play(bridge: Bridge, npc: str, name: str, method: str, params: dict) -> dict
     """Run one turn (``npc/respond`` or ``npc/decide``), print its words as they stream,
     answer its tool calls as the game would; return ``turn/completed``'s params."""
     turn = bridge.call(method, params)["turnId"]
-    if method == "npc/respond":
-        print(f"{name}:  ".ljust(8), end="", flush=True)
+    # The speaker's name is printed with the first words of each step that speaks, so a step
+    # that only calls a tool leaves no empty "Greta:" line; ``open_line``: a line is unfinished.
+    speaker = method == "npc/respond"
+    open_line = False
+
+    def newline() -> str:
+        nonlocal open_line
+        was, open_line = open_line, False
+        return "\n" if was else ""
+
     for msg in bridge.messages():
         p = msg.get("params", {})
         if p.get("turnId") != turn:
             continue
         if msg["method"] == "turn/textDelta":
-            if p["isReset"]:
-                print("\n        ", end="")
+            if speaker:
+                print(newline() + f"{name}:  ".ljust(8), end="")
+                speaker = False
+            elif p["isReset"]:
+                print(newline() + " " * 8, end="")
             print(p["delta"], end="", flush=True)
+            open_line = True
         elif msg["method"] == "turn/toolCallRequested":
             item = p["arguments"].get("item", "")
             count = INVENTORY.get(item, 0)
-            print(f"\n  [game] {p['name']}({json.dumps(p['arguments'])}) -> {count} in stock")
+            print(f"{newline()}  [game] {p['name']}({json.dumps(p['arguments'])}) -> {count} in stock")
             bridge.send("npc/submit", {"npcId": npc, "callId": p["callId"], "output": {"item": item, "inStock": count}})
-            print(f"{name}:  ".ljust(8), end="", flush=True)
+            speaker = method == "npc/respond"
         elif msg["method"] == "turn/completed":
             tail = f", world revision {p['worldRevision']}" if p["worldRevision"] else ""
             print(
-                f"\n  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), "
+                f"{newline()}  [turn done: {p['steps']} steps, {len(p['toolCalls'])} tool call(s), "
                 f"{p['usage']['outputTokens']} tokens out{tail}]\n"
             )
             return p
         elif msg["method"] == "turn/failed":
-            print(f"\n  [turn failed: {p['error']['code']}: {p['error']['message']}]\n")
+            print(f"{newline()}  [turn failed: {p['error']['code']}: {p['error']['message']}]\n")
             return {}
     raise EOFError
 

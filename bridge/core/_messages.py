@@ -76,6 +76,12 @@ class Fallbacks(_Params, frozen=True):
     refusal: FallbackLines = []
 
 
+# Who decides a first step's tool under toolChoice auto and tool_or_answer: the model, the
+# bridge (from what the player's line means: bridge/core/agent/_routing.py), or auto: the
+# bridge where the engine's model chooses tools badly (weak_tool_choice), the model elsewhere.
+RoutingPolicy = Literal["auto", "model", "semantic"]
+
+
 class NpcConfig(_Params, frozen=True):
     """What ``npc/create`` takes; also the config part of a save."""
 
@@ -89,6 +95,7 @@ class NpcConfig(_Params, frozen=True):
     tags: tuple[str, ...] = ()  # a tuple: the default is shared, not a list per NPC
     fallbacks: Fallbacks | None = None
     script: list[Any] | None = None
+    routing: RoutingPolicy = "auto"
 
 
 class NamedTool(_Params, frozen=True):
@@ -110,6 +117,9 @@ class RespondParams(_Params, frozen=True):
     full_text: bool = True  # textDelta/partialJson carry the text so far (False: deltas only)
     speaker: str | None = None  # another NPC's id or a name; None: the player
     guardrail: GuardrailPolicy = "fail"
+    # the player's line names a tool argument's value: the call takes it (protocol.md, npc/respond)
+    pin_arguments: bool = True
+    routing: RoutingPolicy | None = None  # None: the NPC's (npc/create)
 
 
 class SubmitParams(_Params, frozen=True):
@@ -384,6 +394,16 @@ class ToolRecord(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
     error: str | None = None
 
 
+class RoutingInfo(msgspec.Struct, frozen=True, rename="camel"):
+    """How a turn's first step chose its tool: ``policy`` ``model`` (the model chose;
+    ``picked`` and ``score`` null) or ``semantic`` (the bridge picked a tool, or null: answer
+    in words, with the winner's similarity to the line)."""
+
+    policy: Literal["model", "semantic"]
+    picked: str | None = None
+    score: float | None = None
+
+
 class TurnCompleted(_Event, frozen=True, kw_only=True):
     text: str
     json: Any = None
@@ -393,6 +413,7 @@ class TurnCompleted(_Event, frozen=True, kw_only=True):
     finish_reason: str
     warnings: list[str] = []
     world_revision: int = 0
+    routing: RoutingInfo | None = None
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

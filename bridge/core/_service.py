@@ -32,8 +32,10 @@ from bridge._version import __version__
 from bridge.core import _messages as m
 from bridge.core._world import RECALL, RESERVED_TOOL_NAMES, World
 from bridge.core.agent import EventSink, Npc, check_schema, count_text_tokens
+from bridge.core.agent._routing import resolve_policy
+from bridge.core.agent._routing import warm as warm_routing
 from bridge.engines import EngineRegistry
-from bridge.engines.base import Engine, Message, Scriptable, TextCounter, counts_block
+from bridge.engines.base import Engine, Message, Scriptable, TextCounter, counts_block, weak_tool_choice
 from bridge.engines.scripted import validate_script
 from bridge.errors import BridgeError
 
@@ -251,6 +253,8 @@ class Service:
             if not isinstance(engine, Scriptable):
                 raise BridgeError("invalid_params", f"script is only for scripted engines, not {engine_name!r}")
             await trio.to_thread.run_sync(validate_script, config.script)
+        if config.tools and resolve_policy(config.routing, weak_tool_choice(engine)) == "semantic":
+            await trio.to_thread.run_sync(warm_routing, config.tools)  # embeds the tools once
         npc = Npc(config, engine, engine_name, self.sink, self.limits.max_queued_turns_per_npc, self.world)
         if turns:
             npc.set_history([list(t) for t in turns])

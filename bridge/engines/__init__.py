@@ -25,10 +25,18 @@ def _default_model(name: str) -> str:
     return default_model_path()
 
 
+def _model_file(model: str) -> str:
+    """``npc/create``'s ``model`` as a file: a catalog name (``oam models``) is its downloaded
+    file, ``model_unavailable`` when not downloaded; anything else is a path."""
+    from bridge.engines.llama import resolve_model
+
+    return resolve_model(model)
+
+
 def _unusable_model(model: str) -> BridgeError:
     return BridgeError(
         "model_unavailable",
-        f"model {model!r} ({os.path.abspath(model)}) is not a GGUF file the llama engine can load "
+        f"model {model!r} ({os.path.abspath(_model_file(model))}) is not a GGUF file the llama engine can load "
         "(a relative path is relative to the bridge's working directory)",
         engine="llama",
         model=model,
@@ -103,7 +111,7 @@ class EngineRegistry:
         key = name
         kwargs = dict(self._kwargs.get(name, {}))
         if model is not None and name == "llama":  # only the llama engine takes a model file
-            path = os.path.realpath(model)
+            path = os.path.realpath(_model_file(model))
             if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
                 key, kwargs["model_path"] = f"{name}@{path}", path
         return name, key, kwargs

@@ -45,6 +45,9 @@ class ToolSpec(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_field
     name: str
     description: str = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object"})
+    # Lines a player might say that call for this tool: the bridge's semantic routing compares
+    # the player's line with them (bridge/core/agent/_routing.py). Never shown to the model.
+    examples: list[str] = []
 
 
 class ToolCall(msgspec.Struct, frozen=True, rename="camel"):
@@ -98,6 +101,13 @@ class StepRequest(msgspec.Struct, frozen=True):
     # The NPC's name (its persona's), for engines that keep a small model in character:
     # the llama engine makes the NPC say this name where it would introduce itself.
     speaker: str | None = None
+    # The most calls the step may make: the turn's remaining maxToolCalls (None: no limit from
+    # the agent). An engine that constrains generation holds a batch to it (the llama grammar).
+    max_calls: int | None = None
+    # Per tool, the argument values the player's line names (closed sets only; the agent's
+    # ``_arguments``): an engine that constrains generation may hold the arguments to them.
+    # Whatever the engine does, the agent sets a differing value to the pinned one after the step.
+    pinned: dict[str, dict[str, str]] = {}
 
 
 class TextChunk(msgspec.Struct, frozen=True):
@@ -144,6 +154,9 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
     features: list[str] = []
     # llama: the build of llama.cpp's CPU backend in use ("haswell", "zen4", ... or "built in")
     cpu_variant: str | None = None
+    # llama: where the prompt's form comes from, once the model has loaded: "gguf" (the model
+    # file's own chat template) or "chatml-fallback" (the file has none: ChatML)
+    chat_template: str | None = None
 
 
 class Engine(Protocol):
@@ -183,6 +196,20 @@ class CountCost(Protocol):
 def counts_block(engine: object) -> bool:
     """Whether the engine's counts must run off the event loop (unless it says otherwise)."""
     return bool(engine.blocking_count) if isinstance(engine, CountCost) else True
+
+
+@runtime_checkable
+class ToolChoiceStrength(Protocol):
+    """``weak_tool_choice = True``: the engine's model chooses tools badly (the bundled SmolLM2:
+    never a tool under ``auto``, nearly always the first one when forced), so the bridge's
+    ``routing: "auto"`` picks the first step's tool itself. An engine that says nothing is
+    trusted to choose."""
+
+    weak_tool_choice: bool
+
+
+def weak_tool_choice(engine: object) -> bool:
+    return bool(engine.weak_tool_choice) if isinstance(engine, ToolChoiceStrength) else False
 
 
 @runtime_checkable

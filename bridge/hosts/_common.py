@@ -30,7 +30,10 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--model",
         default=os.environ.get("OAM_LLAMA_MODEL"),
-        help="llama engine: a GGUF file (env OAM_LLAMA_MODEL; default: the bundled SmolLM2)",
+        help=(
+            "llama engine: a GGUF file, or a catalog name once pulled (oam models list; env OAM_LLAMA_MODEL; "
+            "default: the bundled SmolLM2)"
+        ),
     )
     ap.add_argument(
         "--llama-ctx",
@@ -120,7 +123,7 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
     scripted = _scripted_engine(args.script)
     llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
     if args.model:
-        llama_kwargs["model_path"] = args.model
+        llama_kwargs["model_path"] = _model_option(args.model)
     if args.llama_ctx:
         llama_kwargs["n_ctx"] = args.llama_ctx
     if args.llama_threads:
@@ -142,6 +145,20 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
         if not llama.available:
             log.warning("the llama engine is unavailable: %s", llama.reason)
     return registry
+
+
+def _model_option(value: str) -> str:
+    """``--model``'s file: a catalog name (``oam models``) is its downloaded file; one not
+    downloaded yet ends the process with one clear line on stderr (``model_unavailable``'s
+    exit status), naming the command that fetches it."""
+    from bridge.engines.llama._catalog import resolve
+
+    try:
+        return resolve(value)
+    except BridgeError as e:
+        print(f"oam-bridge: --model {value}: {e.code}: {e.message}", file=sys.stderr)
+        leave(e.exit_code)
+        raise AssertionError("unreachable") from None
 
 
 def _scripted_engine(path: str | None) -> ScriptedEngine:

@@ -526,3 +526,56 @@ def test_the_services_decision_schemas_give_grammars_of_only_the_options(reasoni
     assert text is not None
     assert Gbnf(text).accepts(json.dumps({**why, "choice": "call_help", "arguments": {"urgency": "low"}}))
     assert not Gbnf(text).accepts(json.dumps({**why, "choice": "let_in", "arguments": {"urgency": "low"}}))
+
+
+def calls_req(tools: list[ToolSpec], mode: ToolMode, max_calls: int | None, pinned: Any = None) -> StepRequest:
+    return StepRequest(
+        "a",
+        "",
+        [Message("user", "hi")],
+        tools,
+        mode,
+        None,
+        GenerationOptions(),
+        0,
+        max_calls=max_calls,
+        pinned=pinned or {},
+    )
+
+
+def batch(*calls: tuple[str, dict[str, Any]]) -> str:
+    return json.dumps({"tool_calls": [{"name": n, "arguments": args} for n, args in calls]})
+
+
+@needs_converter
+@pytest.mark.parametrize("mode", ["required", "allowed"])
+def test_a_batch_holds_at_most_the_steps_call_limit(mode: ToolMode) -> None:
+    front, back = ("door", {"which": "front"}), ("door", {"which": "back"})
+    one, _ = g.build_grammar(calls_req([DOOR], mode, 1))
+    assert one is not None
+    assert Gbnf(one).accepts(batch(front))
+    assert not Gbnf(one).accepts(batch(front, back)), "maxToolCalls 1: one call, never a second"
+    two, _ = g.build_grammar(calls_req([DOOR], mode, 2))
+    assert two is not None and Gbnf(two).accepts(batch(front, back))
+    assert not Gbnf(two).accepts(batch(front, back, front))
+    # no limit from the agent, or a budget past it: the grammar's own MAX_CALLS
+    for limit in (None, 8):
+        text, _ = g.build_grammar(calls_req([DOOR], mode, limit))
+        assert text is not None
+        assert Gbnf(text).accepts(batch(*[front] * g.MAX_CALLS))
+        assert not Gbnf(text).accepts(batch(*[front] * (g.MAX_CALLS + 1)))
+
+
+@needs_converter
+def test_a_pinned_argument_can_take_only_its_value() -> None:
+    pinned, _ = g.build_grammar(calls_req([DOOR, NOTE], "required", None, {"door": {"which": "back"}}))
+    assert pinned is not None
+    gr = Gbnf(pinned)
+    assert gr.accepts(batch(("door", {"which": "back"})))
+    assert not gr.accepts(batch(("door", {"which": "front"})))
+    assert gr.accepts(batch(("note", {"text": "hi", "n": 1}))), "other tools as they were"
+    free, _ = g.build_grammar(calls_req([DOOR], "required", None))
+    assert free is not None and free != pinned and Gbnf(free).accepts(batch(("door", {"which": "front"})))
+    # a pin for a tool the step does not show changes nothing
+    other, _ = g.build_grammar(calls_req([DOOR], "required", None, {"cellar": {"which": "back"}}))
+    assert other == free

@@ -46,8 +46,8 @@ BRIDGE_API = {
 PARAMS = {
     "ClientInfo", "CountTokensParams", "DecideParams", "DecisionOption", "EmptyParams", "Fallbacks",
     "GenerationOptions", "GuardrailPolicy", "InitializeParams", "Message", "NamedTool", "NpcConfig", "NpcRef",
-    "Persona", "RespondParams", "RestoreParams", "Save", "SetTagsParams", "SubmitParams", "ToolCall", "ToolChoice",
-    "ToolSpec", "WorldGetParams", "WorldKey", "WorldSetParams",
+    "Persona", "RespondParams", "RestoreParams", "RoutingPolicy", "Save", "SetTagsParams", "SubmitParams",
+    "ToolCall", "ToolChoice", "ToolSpec", "WorldGetParams", "WorldKey", "WorldSetParams",
 }  # fmt: skip
 RESULTS = {
     "CancelResult", "Capabilities", "CountTokensResult", "CreateResult", "EmptyResult", "EngineInfo",
@@ -58,7 +58,8 @@ RESULTS = {
 }  # fmt: skip
 EVENTS = {
     "ContextTrimmed", "ErrorInfo", "Event", "PartialJson", "TextDelta", "ToolCallCompleted", "ToolCallRequested",
-    "ToolCallWithdrawn", "ToolRecord", "TurnCompleted", "TurnFailed", "TurnKind", "TurnStarted", "Usage",
+    "ToolCallWithdrawn", "RoutingInfo", "ToolRecord", "TurnCompleted", "TurnFailed", "TurnKind", "TurnStarted",
+    "Usage",
 }  # fmt: skip
 MESSAGES_API = {"PROTOCOL_VERSION", "Limits"} | PARAMS | RESULTS | EVENTS
 

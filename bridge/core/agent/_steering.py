@@ -15,7 +15,13 @@ The engine contract (every engine gets the same treatment, whatever it produced)
   goes on;
 - a structured answer that is not valid JSON fails with ``generation_failed``, saying so when
   the step was cut off by ``maxTokens`` (finish reason ``length``);
-- engines never re-filter: they get the tools and the mode to use.
+- engines never re-filter: they get the tools and the mode to use;
+- a step may make at most the turn's remaining ``maxToolCalls`` calls (``StepRequest.max_calls``:
+  the llama grammar holds a batch to it); calls past it on an engine that made them anyway
+  get an error output;
+- on the player's line (a turn's first step) an argument the line names is the call's value
+  (``_arguments``: held by the grammar where an engine has one, replaced with a warning after
+  the step on every engine).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import msgspec
 
 from bridge.core import _messages as m
 from bridge.core._world import RECALL, RESPOND_DIRECTLY, RESPOND_DIRECTLY_TOOL, View
+from bridge.core.agent._arguments import enum_pins, pin_calls
 from bridge.core.agent._schema import first_error, make_validator, reorder_to_schema
 from bridge.engines.base import Message, ToolCall, ToolMode, ToolSpec, Usage
 from bridge.errors import BridgeError
@@ -61,6 +68,7 @@ class TurnProgress:
     records: list[m.ToolRecord] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     warnings: list[str] = field(default_factory=list)
+    routing: m.RoutingInfo | None = None  # how the first step chose its tool (_routing.py)
 
     def warn(self, warning: str) -> None:
         """Add a warning for turn/completed, once however often it happens."""
@@ -86,6 +94,11 @@ def steer(p: m.RespondParams, progress: TurnProgress, tools: list[ToolSpec]) -> 
     if progress.rounds >= p.max_tool_rounds or progress.calls_made >= p.max_tool_calls:
         return [], "disallowed"
     first = progress.step == 0
+    routed = progress.routing
+    if first and routed is not None and routed.policy == "semantic" and choice in ("auto", "tool_or_answer"):
+        # The bridge chose (routing "semantic"): that tool, forced, or words only.
+        picked = [t for t in tools if t.name == routed.picked]
+        return (picked, "required") if picked else ([], "disallowed")
     if first and isinstance(choice, m.NamedTool):
         named = [t for t in tools if t.name == choice.tool]
         if not named:
@@ -98,6 +111,40 @@ def steer(p: m.RespondParams, progress: TurnProgress, tools: list[ToolSpec]) -> 
     if first and choice == "tool_or_answer":
         return [*tools, RESPOND_DIRECTLY_TOOL], "required"
     return tools, "allowed"
+
+
+def call_room(p: m.RespondParams, progress: TurnProgress) -> int:
+    """Calls the next step may make: what is left of the turn's ``maxToolCalls``."""
+    return max(0, p.max_tool_calls - progress.calls_made)
+
+
+def player_line(p: m.RespondParams, step: int, working: list[Message]) -> str | None:
+    """The line whose words pin tool arguments on this step: the player's line, on a turn's
+    first step only (not on a step after a tool round, nor on a resumed turn that has one),
+    unless the turn says ``pinArguments: false``."""
+    if not p.pin_arguments or step != 0 or not working or working[-1].role != "user":
+        return None
+    return working[-1].content
+
+
+def step_pins(p: m.RespondParams, progress: TurnProgress, tools: list[ToolSpec]) -> dict[str, dict[str, str]]:
+    """For the step's request: per tool, the closed argument values the player's line names."""
+    line = player_line(p, progress.step, progress.working)
+    return {} if line is None else enum_pins(line, tools)
+
+
+def pin_arguments(
+    calls: list[ToolCall], step: int, tools: list[ToolSpec], p: m.RespondParams, progress: TurnProgress
+) -> list[ToolCall]:
+    """The step's calls with the arguments the player's line names (``_arguments.pin_calls``),
+    each value replaced with a warning; unchanged on any step but the player's line."""
+    line = player_line(p, step, progress.working)
+    if line is None or not calls:
+        return calls
+    pinned, warnings = pin_calls(calls, {t.name: t for t in tools}, line)
+    for warning in warnings:
+        progress.warn(warning)
+    return pinned
 
 
 def judge_step(

@@ -31,15 +31,19 @@ import trio
 from bridge.core import _messages as m
 from bridge.core._world import View
 from bridge.core.agent._persona import with_facts
+from bridge.core.agent._routing import default_embedder, embedder_ready, resolve_policy, route
 from bridge.core.agent._steering import (
     TurnProgress,
+    call_room,
     finish_reason,
     guardrail_action,
     hand_back,
     judge_step,
     offered_tools,
+    pin_arguments,
     round_messages,
     steer,
+    step_pins,
     structured_answer,
 )
 from bridge.core.agent._window import check_fits
@@ -53,6 +57,7 @@ from bridge.engines.base import (
     ToolCallsChunk,
     ToolSpec,
     Usage,
+    weak_tool_choice,
 )
 from bridge.errors import BridgeError
 
@@ -171,6 +176,7 @@ class Turn:
             finish_reason=finish,
             warnings=progress.warnings,
             world_revision=revision,
+            routing=progress.routing,
         )
 
 
@@ -265,6 +271,8 @@ async def _steps(npc: Npc, turn: Turn) -> None:
     p = turn.params
     working = list(turn.resume) if turn.resume else [Message(role="user", content=p.prompt, name=turn.speaker)]
     progress = TurnProgress(working, await npc.window.messages_tokens(working), schema=p.schema)
+    if not turn.resume or all(msg.role == "user" for msg in turn.resume):  # not mid-turn (a host's resume)
+        progress.routing = await _route(npc, p)
     while True:
         # The world as this step sees it: a change after this line applies from the next step.
         view = npc.view()
@@ -291,11 +299,28 @@ async def _steps(npc: Npc, turn: Turn) -> None:
             return
         progress.step += 1
         outcome, calls = judge_step(calls, req.tool_mode, req.tools, progress)
+        calls = pin_arguments(calls, req.step_index, req.tools, p, progress)
         if outcome == "answer":
             await _finish(npc, turn, progress, view, text, finish)
             return
         if outcome == "calls" and not await _tool_round(npc, turn, progress, view, req.tools, text, calls):
             return
+
+
+async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
+    """Who chooses the first step's tool (``routing``): the model, or the bridge from the
+    player's line (in a worker thread: embedding is CPU work). None: nothing to choose."""
+    if p.tool_choice not in ("auto", "tool_or_answer") or not npc.tools or not p.prompt:
+        return None
+    requested = p.routing or npc.config.routing
+    weak = weak_tool_choice(npc.engine)
+    embedder = embedder_ready()
+    if embedder is None and resolve_policy(requested, weak) == "semantic":
+        embedder = await trio.to_thread.run_sync(default_embedder)
+    if resolve_policy(requested, weak, embedder is not None) == "model" or embedder is None:
+        return m.RoutingInfo(policy="model")
+    got = await trio.to_thread.run_sync(route, embedder, list(npc.tools.values()), p.prompt)
+    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score)
 
 
 async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: View) -> tuple[StepRequest, int, int]:
@@ -318,6 +343,8 @@ async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: V
         options=npc.config.options,
         step_index=progress.step,
         speaker=npc.config.persona.name if npc.config.persona else None,
+        max_calls=call_room(p, progress) if tools else None,
+        pinned=step_pins(p, progress, tools),
     )
     return req, dropped, fixed + visible
 

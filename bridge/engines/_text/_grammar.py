@@ -7,7 +7,9 @@ The grammar offers exactly the request's tools (``request.tools`` as given: the 
 decides what a step shows). ``tool_mode == "required"`` makes the call the only way to
 answer; otherwise the model may call or answer (free text, or the schema's JSON). A
 model's output that starts with ``CALL_PREFIX`` is a call batch, parsed by
-``complete_calls``.
+``complete_calls``. A batch holds at most ``request.max_calls`` calls (the turn's remaining
+``maxToolCalls``; never more than ``MAX_CALLS``), and an argument the player's line pins
+(``request.pinned``, from ``bridge.core.agent._arguments``) can take only that value.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ CALL_PREFIX = '{"tool_calls"'
 # A free string (a tool argument or a field of a JSON answer) without a length bound can run
 # until maxTokens and never close: the grammar bounds it.
 TOOL_STRING_MAX = 256
-MAX_CALLS = 4  # calls per batch the grammar allows
+MAX_CALLS = 4  # calls per batch the grammar allows at most (fewer when the turn's budget is lower)
 GRAMMAR_CACHE_SIZE = 256
 
 # Schema keywords llama.cpp's JSON-Schema-to-GBNF converter does not turn into grammar:
@@ -101,15 +103,33 @@ def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | 
     return out
 
 
-def tools_schema(tools: list[ToolSpec], warnings: list[str]) -> dict[str, Any]:
-    """The JSON Schema of one call batch: ``{"tool_calls": [{"name", "arguments"}, ...]}``."""
+def pinned_parameters(parameters: dict[str, Any], pins: dict[str, str]) -> dict[str, Any]:
+    """A tool's parameters with each pinned top-level argument held to its one value."""
+    props = parameters.get("properties")
+    if not pins or not isinstance(props, dict):
+        return parameters
+    return {**parameters, "properties": {k: {"const": pins[k]} if k in pins else v for k, v in props.items()}}
+
+
+def tools_schema(
+    tools: list[ToolSpec],
+    warnings: list[str],
+    max_calls: int = MAX_CALLS,
+    pinned: dict[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The JSON Schema of one call batch: ``{"tool_calls": [{"name", "arguments"}, ...]}``,
+    1 to ``max_calls`` calls; ``pinned``: per tool, arguments held to one value."""
+    pinned = pinned or {}
     items = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t.name},
                 "arguments": for_grammar(
-                    t.parameters or {"type": "object"}, f"tool {t.name}", warnings, TOOL_STRING_MAX
+                    pinned_parameters(t.parameters or {"type": "object"}, pinned.get(t.name, {})),
+                    f"tool {t.name}",
+                    warnings,
+                    TOOL_STRING_MAX,
                 ),
             },
             "required": ["name", "arguments"],
@@ -123,7 +143,7 @@ def tools_schema(tools: list[ToolSpec], warnings: list[str]) -> dict[str, Any]:
                 "type": "array",
                 "items": items[0] if len(items) == 1 else {"anyOf": items},
                 "minItems": 1,
-                "maxItems": MAX_CALLS,
+                "maxItems": max_calls,
             }
         },
         "required": ["tool_calls"],
@@ -156,7 +176,18 @@ def gbnf(schema: dict[str, Any]) -> str:
     return re.sub(r"^char ::= .*$", lambda _m: JSON_CHAR, text, count=1, flags=re.M)
 
 
-def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None) -> Grammar:
+def call_limit(request: StepRequest) -> int:
+    """Calls one batch may hold: the request's ``max_calls`` (at least 1), at most ``MAX_CALLS``."""
+    return MAX_CALLS if request.max_calls is None else max(1, min(MAX_CALLS, request.max_calls))
+
+
+def make_grammar(
+    tools: list[ToolSpec],
+    mode: str,
+    schema: dict[str, Any] | None,
+    max_calls: int = MAX_CALLS,
+    pinned: dict[str, dict[str, str]] | None = None,
+) -> Grammar:
     warnings: list[str] = []
 
     def answer() -> str:
@@ -164,7 +195,7 @@ def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None
 
     if not tools:
         return (answer() if schema is not None else None), tuple(dict.fromkeys(warnings))
-    call = gbnf(tools_schema(tools, warnings)).replace("root ::=", "oamcall ::=", 1)
+    call = gbnf(tools_schema(tools, warnings, max_calls, pinned)).replace("root ::=", "oamcall ::=", 1)
     if mode == "required":
         text = call + "\nroot ::= oamcall\n"
     elif schema is not None:
@@ -181,23 +212,25 @@ def make_grammar(tools: list[ToolSpec], mode: str, schema: dict[str, Any] | None
     return text, tuple(dict.fromkeys(warnings))
 
 
-_cache: dict[bytes, Grammar] = {}  # JSON of (tools, mode, schema) -> grammar
+_cache: dict[bytes, Grammar] = {}  # JSON of (tools, mode, schema, call limit, pins) -> grammar
 _cache_lock = threading.Lock()  # grammars are built on generation threads
 
 
 def build_grammar(request: StepRequest) -> tuple[str | None, list[str]]:
     """The step's grammar (None: free text) and the schema warnings, cached by what decides
-    them: the same tools, mode and schema give the same grammar.
+    them: the same tools, mode, schema, call limit and pinned arguments give the same grammar.
 
     Raises whatever the schema converter raises on a schema it cannot handle."""
     tools = request.tools
     mode = request.tool_mode if tools else ""
+    limit = call_limit(request) if tools else MAX_CALLS
+    pinned = {t.name: request.pinned[t.name] for t in tools if request.pinned.get(t.name)}
     # Insertion order kept in the key: properties are generated in the schema's order.
-    key = msgspec.json.encode([tools, mode, request.schema])
+    key = msgspec.json.encode([tools, mode, request.schema, limit, pinned])
     with _cache_lock:
         hit = _cache.get(key)
     if hit is None:
-        hit = make_grammar(tools, mode, request.schema)
+        hit = make_grammar(tools, mode, request.schema, limit, pinned)
         with _cache_lock:
             if len(_cache) >= GRAMMAR_CACHE_SIZE:
                 _cache.clear()

@@ -188,6 +188,38 @@ def turn_start(messages: list[Message]) -> int:
     return max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
 
 
+# Where a step's prompt comes from (``PromptRenderer.source``, ``EngineInfo.chat_template``).
+TEMPLATE_GGUF = "gguf"  # the model file's own chat template
+TEMPLATE_FALLBACK = "chatml-fallback"  # the file has none: ChatML, which the model may not know
+# ChatML's markers, which end a step rendered with the fallback (``PromptRenderer.stop_markers``).
+CHATML_MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+# What a chat template's turn markers look like: ``<|im_end|>``, ``<|eot_id|>``,
+# ``<end_of_turn>``, ``</s>``, ``[INST]``. Found in the text a template puts between turns.
+_MARKER = re.compile(r"<\|[^<>|\s]{1,40}\|>|</?[A-Za-z_][\w.:-]{0,40}>|\[/?[A-Z][A-Z_]{1,20}\]")
+# A conversation rendered to find a template's markers: contents no template adds itself.
+_PROBE = ("oam-probe-u1", "oam-probe-a1", "oam-probe-u2")
+
+
+def template_markers(template: Any, eos_token: str = "") -> tuple[str, ...]:
+    """The turn markers a compiled chat template writes around a turn, in the order it writes
+    them: what it puts between an assistant's line and the next user line, and after that
+    line up to where the assistant speaks (Gemma: ``<end_of_turn>``, ``<start_of_turn>``;
+    Llama 3: ``<|eot_id|>``, ``<|start_header_id|>``, ``<|end_header_id|>``), and the EOS
+    token when it is shaped like one. Empty when the template cannot render the probe."""
+    u1, a1, u2 = _PROBE
+    msgs = [{"role": "user", "content": u1}, {"role": "assistant", "content": a1}, {"role": "user", "content": u2}]
+    try:
+        text = str(template.render(messages=msgs, add_generation_prompt=True, eos_token=eos_token, bos_token=""))
+    except Exception:  # noqa: BLE001 - the model's own template: it may raise anything
+        return ()
+    found: list[str] = []
+    if (i := text.find(a1)) >= 0:
+        found += _MARKER.findall(text[i + len(a1) :].replace(u2, " "))
+    if eos_token and _MARKER.fullmatch(eos_token):
+        found.append(eos_token)
+    return tuple(dict.fromkeys(found))
+
+
 def _raise(msg: str) -> None:
     import jinja2
 
@@ -212,6 +244,9 @@ class PromptRenderer:
         env.globals["raise_exception"] = _raise
         self._jinja = env.from_string(template) if template else None
         self._eos, self._bos = eos_token, bos_token
+        # where the prompt's form comes from, and the markers that end a step (never said)
+        self.source = TEMPLATE_GGUF if self._jinja is not None else TEMPLATE_FALLBACK
+        self.stop_markers = template_markers(self._jinja, eos_token) if self._jinja is not None else CHATML_MARKERS
 
     @staticmethod
     def system_text(instructions: str, tools: list[ToolSpec], tool_mode: str, schema: dict[str, Any] | None) -> str:
@@ -328,7 +363,7 @@ class PromptRenderer:
         schema: dict[str, Any] | None = None,
     ) -> str:
         msgs = self.chat_messages(self.system_text(instructions, tools, tool_mode, schema), messages)
-        if self._jinja is None:  # no template in the file: ChatML, SmolLM2's own format
+        if self._jinja is None:  # no template in the file: ChatML (the engine warns; see stop_markers)
             out = "".join(f"<|im_start|>{x['role']}\n{x['content']}<|im_end|>\n" for x in msgs)
             return out + "<|im_start|>assistant\n"
         try:

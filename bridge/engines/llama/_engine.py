@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -16,7 +17,7 @@ import msgspec
 import trio
 
 from bridge.engines._text._grammar import CallSniffer, build_grammar
-from bridge.engines._text._prompt import PromptRenderer, turn_start
+from bridge.engines._text._prompt import TEMPLATE_FALLBACK, PromptRenderer, turn_start
 from bridge.engines.base import (
     Chunk,
     EngineInfo,
@@ -42,6 +43,8 @@ from bridge.engines.llama._states import StateCache
 from bridge.engines.llama._worker import DEFAULT_PARALLEL, Emit, Generator, run_in_thread
 from bridge.errors import BridgeError
 
+log = logging.getLogger("oam_bridge.llama")
+
 MAX_DEFAULT_CTX = 8192
 LOADER_CTX = 32  # the Llama object's own context, unused: see __init__
 FEATURES = ["tools", "grammar", "streaming", "schema", "prefix_cache", "batching"]
@@ -58,6 +61,24 @@ FACT_BIAS_MAX_VALUES = 3  # more values than this in a step's tool results: no b
 GROUNDED = True
 NAME_BIAS = 6.0  # toward the NPC's name when the player asks for it (once, like FACT_BIAS)
 RECENT_LINES = 2  # the NPC's last lines that the repetition penalties count as said
+
+
+_warned: set[str] = set()  # model files whose missing chat template was said (once a process)
+_warned_lock = threading.Lock()
+
+
+def _warn_no_template(path: str) -> None:
+    """Says on stderr, once a process for each file, that the model file has no chat template."""
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    log.warning(
+        "the model file %s has no chat template (GGUF tokenizer.chat_template): prompts are rendered as "
+        "ChatML, which this model may not know; ChatML's markers end each step (engine/status: chatTemplate %r)",
+        path,
+        TEMPLATE_FALLBACK,
+    )
 
 
 # The player asks who the NPC is: "what's your name", "who are you", "what do they call you".
@@ -92,6 +113,8 @@ class LlamaEngine:
         NPCs whose steps decode together (``$OAM_LLAMA_PARALLEL``, default 8); ``n_ctx``:
         the KV cells they share, and the longest prompt and answer of one NPC."""
         self.model_path = model_path or default_model_path()
+        # The bundled SmolLM2 chooses tools badly: the bridge routes its first steps (base.py).
+        self.weak_tool_choice = os.path.abspath(self.model_path) == os.path.abspath(default_model_path())
         ok, reason = availability(self.model_path)
         self._available, self._reason = ok, reason
         self._llm: Any = None
@@ -132,8 +155,12 @@ class LlamaEngine:
         eos = llm.detokenize([eos_id], special=True).decode("utf-8", "ignore") if eos_id >= 0 else ""
         bos = llm.detokenize([bos_id], special=True).decode("utf-8", "ignore") if bos_id >= 0 else ""
         self._renderer = PromptRenderer(llm.metadata.get("tokenizer.chat_template"), eos, bos)
+        if self._renderer.source == TEMPLATE_FALLBACK:
+            _warn_no_template(self.model_path)
         self._llm = llm
-        self._gen = Generator(llm, self._n_ctx, self._states, max(1, parallel), threads, cores)
+        self._gen = Generator(
+            llm, self._n_ctx, self._states, max(1, parallel), threads, cores, self._renderer.stop_markers
+        )
         self._gen.scan_vocabulary()
 
     # -- interface -------------------------------------------------------------------
@@ -147,8 +174,9 @@ class LlamaEngine:
             available=self._available and self._llm is not None,
             reason=self._reason,
             context_size=self._n_ctx,
-            features=list(FEATURES),
+            features=[*FEATURES, "weak_tool_choice"] if self.weak_tool_choice else list(FEATURES),
             cpu_variant=cpu_variant(),
+            chat_template=self._renderer.source if self._llm is not None else None,
         )
 
     def _tokens(self, prompt: str) -> list[int]:

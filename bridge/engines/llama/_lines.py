@@ -228,3 +228,66 @@ class SpokenLine:
             return False
         self.sentences.add(words)
         return True
+
+
+# The shape of a ChatML-style marker (``<|im_end|>``, ``<|eot_id|>``, ``<|user|>``): never
+# said, whichever chat template the model file has.
+_MARKER_SHAPE = re.compile(r"<\|[\w.-]{1,32}\|>")
+_MARKER_SHAPE_START = re.compile(r"<(?:\|[\w.-]{0,32}\|?)?")  # what may still become one
+_MARKER_SHAPE_MAX = 36
+
+
+class StopMarkers:
+    """A step's text with the chat template's markers taken out (``<|im_end|>``,
+    ``<end_of_turn>``: ``PromptRenderer.stop_markers``, and anything shaped like
+    ``<|name|>``): a marker ends the step, and neither it nor anything after it is said.
+
+    A model that writes a marker as plain text writes it in pieces (``<|``, ``im``, ``_end``,
+    ``|>``), so text that may still become a marker is held until it cannot; what is held
+    when the step ends was a marker's unfinished start, and is dropped. (A marker the model
+    emits as one special token is either an end-of-generation token, which ends the step
+    before this sees it, or a control token, which the step's bans keep out.)
+
+    Pure text logic, run on the generation thread token by token before ``SpokenLine``."""
+
+    def __init__(self, markers: tuple[str, ...] | list[str]) -> None:
+        self.markers = tuple(m for m in markers if m)
+        self.starts = frozenset(m[0] for m in self.markers) | {"<"}
+        self.longest = max([_MARKER_SHAPE_MAX, *(len(m) for m in self.markers)])
+        self.held = ""
+        self.found: str | None = None  # the marker that ended the step
+
+    def _first(self, text: str) -> tuple[int, str] | None:
+        """Where the first whole marker in ``text`` starts, and the marker."""
+        hits = [(i, m) for m in self.markers if (i := text.find(m)) >= 0]
+        if (shaped := _MARKER_SHAPE.search(text)) is not None:
+            hits.append((shaped.start(), shaped.group()))
+        return min(hits) if hits else None
+
+    def _may_start(self, tail: str) -> bool:
+        """Whether ``tail`` (the end of the text) may still become a marker."""
+        return any(m.startswith(tail) for m in self.markers) or _MARKER_SHAPE_START.fullmatch(tail) is not None
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """(the text to pass on now, whether a marker ended the step: then the text is what
+        came before it, and nothing more is fed)."""
+        if self.found is not None:
+            return "", True
+        text = self.held + piece
+        hit = self._first(text)
+        if hit is not None:
+            self.held, self.found = "", hit[1]
+            return text[: hit[0]], True
+        cut = len(text)
+        for i in range(max(0, len(text) - self.longest), len(text)):
+            if text[i] in self.starts and self._may_start(text[i:]):
+                cut = i
+                break
+        self.held = text[cut:]
+        return text[:cut], False
+
+    def end(self) -> str:
+        """At the end of the step: what is still held, the unfinished start of a marker, is
+        dropped (always ``""``)."""
+        self.held = ""
+        return ""

@@ -26,7 +26,7 @@ import trio
 
 from bridge.engines.base import GenerationOptions, Usage
 from bridge.engines.llama._batch import Job, Scheduler
-from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, value_pattern
+from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, StopMarkers, value_pattern
 from bridge.engines.llama._states import StateCache
 from bridge.errors import BridgeError
 
@@ -125,8 +125,12 @@ class Generator:
         n_parallel: int = DEFAULT_PARALLEL,
         n_threads: int = 1,
         n_threads_batch: int = 1,
+        markers: tuple[str, ...] = (),
     ) -> None:
+        """``markers``: the chat template's turn markers, which end a step and are never said
+        (``_lines.StopMarkers``; ``PromptRenderer.stop_markers``)."""
         self.llm: Any = llm  # None once closed
+        self.markers = markers
         self.n_ctx = n_ctx
         self.n_vocab: int = llm.n_vocab()
         self._cands: Any = None  # see candidates
@@ -426,6 +430,7 @@ class Sampling:
         self.how: list[tuple[str, str]] = []  # (value, how it came to be said): see _ground
         self.offered: dict[int, list[int]] = {}  # this token's favoured value starts (_ground)
         self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.markers = StopMarkers(gen.markers)  # the template's markers: the step ends there
 
     def choose(self, ctx: Any, idx: int) -> int | None:
         """The next token (to be evaluated), or None when the step has ended (``finish``)."""
@@ -463,7 +468,8 @@ class Sampling:
             self.finish = "stop"
             return None
         self.out += 1
-        piece = self.dec.decode(self.model.token_to_piece(tok).rstrip(b"\x00"))
+        # a turn marker written as text ends the step: what came before it is said, never the marker
+        piece, marked = self.markers.feed(self.dec.decode(self.model.token_to_piece(tok).rstrip(b"\x00")))
         self.said += piece
         if self.say and not self.forced:
             self._check_said()
@@ -475,7 +481,7 @@ class Sampling:
                 self.max_tokens = min(self.limit, self.gen.n_ctx - self.n_prompt)
         if piece:
             self.emit(("text", piece))
-        if line is not None and line.stopped:
+        if marked or (line is not None and line.stopped):
             self.finish = "stop"
             return None
         return tok
@@ -683,7 +689,8 @@ class Sampling:
 
     def end(self) -> str:
         """Emits what the decoder and the line still hold; returns the finish reason."""
-        tail = self.dec.decode(b"", final=True)
+        tail, _ = self.markers.feed(self.dec.decode(b"", final=True))
+        tail += self.markers.end()  # a marker's unfinished start: dropped
         if self.line is not None:
             tail = self.line.feed(tail, self.out) if tail else ""
             tail += self.line.end(cut=self.finish == "length")

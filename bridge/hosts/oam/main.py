@@ -1,7 +1,8 @@
 """``oam``: NPC brains from the command line, on the in-process service (``bridge.Service``).
 
 Subcommands: ``respond`` (one turn, streamed to stdout), ``chat`` (an interactive session
-with one NPC), ``count-tokens``, ``schema`` (check a JSON Schema the way the bridge does), and
+with one NPC), ``count-tokens``, ``schema`` (check a JSON Schema the way the bridge does),
+``models`` (the model catalog: list, pull, rm, path; ``_models``), and
 ``serve`` / ``replay``, which hand the rest of the command line to the OpenAI-compatible server
 (``bridge.hosts.http.app``) and to session record/replay (``bridge.hosts.replay``).
 
@@ -44,6 +45,8 @@ from bridge.errors import EXIT_CODES, BridgeError
 from bridge.hosts._common import add_engine_arguments, build_registry
 from bridge.hosts._stdio import ClaimedStdio
 from bridge.hosts.oam._io import Prompter, TextOut, say
+from bridge.hosts.oam._models import add_parser as add_models_parser
+from bridge.hosts.oam._models import run as run_models
 from bridge.hosts.oam._session import (
     Interrupted,
     Session,
@@ -321,6 +324,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tool", action="store_true", help="as a tool's parameters (the top level must be an object)")
     s.add_argument("--log-level", default=os.environ.get("OAM_LOG", "warning"))
 
+    add_models_parser(sub)
+
     for name, (_, what) in DELEGATED.items():
         sub.add_parser(name, help=f"{what} (oam {name} --help)", add_help=False)
     return ap
@@ -348,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=args.log_level.upper(), format="oam %(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "models":  # no engine, no trio: stdout is plain fd 1
+        _leave(_run_models(args))
     stdio = ClaimedStdio()  # fd 1 is ours alone from here: llama.cpp's prints go to stderr
     _leave(_run(args, stdio))
     return 0
@@ -358,6 +365,16 @@ def _run(args: argparse.Namespace, stdio: ClaimedStdio) -> int:
         return int(trio.run(COMMANDS[args.command], args, stdio))
     except BaseException as exc:
         status = _report(args.command, exc)
+        if status is None:
+            raise
+        return status
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    try:
+        return run_models(args, out_fd=1)
+    except BaseException as exc:
+        status = _report(f"models {args.models_command}", exc)
         if status is None:
             raise
         return status

@@ -328,6 +328,7 @@ namespace Oam.Bridge
             ContextSize = o.Value<int?>("contextSize") ?? 0;
             Features = (o["features"] as JArray)?.Select(f => (string)f).ToList() ?? new List<string>();
             CpuVariant = o.Value<string>("cpuVariant");
+            ChatTemplate = o.Value<string>("chatTemplate");
         }
 
         public string Name { get; }
@@ -338,6 +339,10 @@ namespace Oam.Bridge
         /// <summary>llama: the build of llama.cpp's CPU backend in use ("haswell", "zen4", ...), once
         /// its model has loaded; null before and for the other engines.</summary>
         public string CpuVariant { get; }
+        /// <summary>llama: where the prompt's form comes from, once its model has loaded: "gguf" (the
+        /// model file's own chat template) or "chatml-fallback" (the file has none); null before and
+        /// for the other engines.</summary>
+        public string ChatTemplate { get; }
 
         internal static List<EngineInfo> ListOf(JToken t) =>
             (t as JArray)?.OfType<JObject>().Select(e => new EngineInfo(e)).ToList() ?? new List<EngineInfo>();

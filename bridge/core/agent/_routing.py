@@ -1,0 +1,316 @@
+"""Routing a turn's first step: whether the player's line calls for one of the NPC's tools,
+and which, decided by the bridge from what the line means (``routing: "semantic"``) instead
+of by the model (``"model"``).
+
+Small models choose tools badly (the bundled SmolLM2 never calls one under ``auto``, and
+forced, picks the first tool for nearly every line), yet they fill a named tool's arguments
+well. So the bridge compares the line with each tool's description and ``examples`` and with
+lines that call for no tool (``ANSWER_EXAMPLES``), word by word on static word embeddings
+(wordllama's 256-d vectors) plus BM25 (bench/bench_routing.py has the measurements), and
+forces the step to the best tool or to no tool. ``auto`` routes this way on engines that say their
+model chooses badly (``weak_tool_choice``), and leaves the choice to the model elsewhere.
+
+The embedder loads once per process (about 16 MB), in a worker thread; each distinct tool
+set is embedded once (``TableCache``, shared by the NPCs that have the same tools).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from bridge.core._messages import RoutingPolicy
+from bridge.engines.base import ToolSpec
+
+Vectors = NDArray[np.float32]
+Resolved = Literal["model", "semantic"]
+
+# Lines that call for no tool: small talk, questions about the NPC, greetings and thanks. They
+# compete with the tools' own texts: a line nearer to these than to any tool is answered in words.
+ANSWER_EXAMPLES = (
+    "Hello there!",
+    "Good evening to you.",
+    "How are you today?",
+    "What's your name?",
+    "Who are you?",
+    "Tell me about yourself.",
+    "Where are you from?",
+    "Thank you very much.",
+    "Goodbye, see you soon.",
+    "Nice weather, isn't it?",
+    "What do you think of this town?",
+    "Any news lately?",
+    "You seem busy today.",
+    "I'm just passing through.",
+)
+# A tool wins when its best text is at least THRESHOLD similar to the line and more similar than
+# every answer example; similarity is word-aligned cosine plus BM25_WEIGHT times BM25
+# (bench/bench_routing.py: 7/8 tavern, 26/30 on the held-out sets, with tools' examples).
+THRESHOLD = 0.0
+BM25_WEIGHT = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The bridge's choice for a first step: a tool's name, or None (answer in words), and the
+    winner's similarity to the line."""
+
+    picked: str | None
+    score: float
+
+
+class Embedder(Protocol):
+    def words(self, text: str) -> Vectors:
+        """One unit-length row per content word of ``text`` (at least one row)."""
+        ...
+
+
+def _normalize(rows: Vectors) -> Vectors:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    out: Vectors = (rows / np.where(norms == 0, 1, norms)).astype(np.float32)
+    return out
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+STOPWORDS = frozenset(
+    "a an the i i'm i'd i'll me my you you're your to of and or for in on at is are was be it it's that this do"
+    " does did have has can could would will please some any with from about by what how there so".split()
+)
+
+
+def content_words(text: str) -> list[str]:
+    """The words that carry meaning (all of them when every one is a stop word)."""
+    every = _WORD.findall(text.lower())
+    return [w for w in every if w not in STOPWORDS] or every
+
+
+class StaticEmbedder:
+    """wordllama's static token embeddings (l2_supercat, 256 dimensions), read straight from
+    the files in its wheel: a word is the mean of its tokens' vectors, less the table's mean
+    (static vectors all lean one way; centred, unrelated words are near orthogonal). Loading
+    it this way instead of through ``wordllama.WordLlama.load`` keeps the half-precision table
+    (16 MB, not 32 MB), never reaches the network, and does not import wordllama's package
+    (whose import configures the root logger)."""
+
+    def __init__(self, folder: str) -> None:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizers", "l2_supercat_tokenizer_config.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self._table = load_file(os.path.join(folder, "weights", "l2_supercat_256.safetensors"))["embedding.weight"]
+        self._mean = self._table.astype(np.float32).mean(axis=0)
+
+    def words(self, text: str) -> Vectors:
+        ws = content_words(text)
+        out = np.zeros((max(1, len(ws)), self._table.shape[1]), dtype=np.float32)
+        if ws:
+            for i, enc in enumerate(self._tokenizer.encode_batch([" " + w for w in ws], add_special_tokens=False)):
+                if enc.ids:
+                    out[i] = self._table[enc.ids].astype(np.float32).mean(axis=0) - self._mean
+        return _normalize(out)
+
+
+_loaded: list[Embedder | None] = []
+_loading = threading.Lock()
+
+
+def wordllama_folder() -> str | None:
+    """The folder of the installed wordllama package (found without importing it), or None."""
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def default_embedder() -> Embedder | None:
+    """The process's embedder, loaded on first use (blocking: call it in a worker thread), or
+    None when wordllama is not installed (then ``auto`` leaves routing to the model)."""
+    with _loading:
+        if not _loaded:
+            folder = wordllama_folder()
+            _loaded.append(StaticEmbedder(folder) if folder is not None else None)
+        return _loaded[0]
+
+
+def embedder_ready() -> Embedder | None:
+    """The embedder if it has been loaded (never blocks), else None."""
+    return _loaded[0] if _loaded else None
+
+
+def resolve_policy(requested: RoutingPolicy, weak_tool_choice: bool, available: bool = True) -> Resolved:
+    """``auto``: the bridge routes where the engine's model chooses tools badly, the model
+    decides elsewhere. Without an embedder, the model decides."""
+    if not available:
+        return "model"
+    if requested == "auto":
+        return "semantic" if weak_tool_choice else "model"
+    return requested
+
+
+_SENTENCE = re.compile(r"(?<=[.!?:;])\s+")
+
+
+def tool_texts(tool: ToolSpec) -> list[str]:
+    """What a tool is compared on: its name in words, each sentence of its description, the
+    values its arguments allow (``enum``) and its examples."""
+    texts = [tool.name.replace("_", " ").replace("-", " ")]
+    texts += [s for s in _SENTENCE.split(tool.description.strip()) if s]
+    props = tool.parameters.get("properties")
+    for spec in props.values() if isinstance(props, dict) else ():
+        values = spec.get("enum") if isinstance(spec, dict) else None
+        if isinstance(values, list) and values:
+            texts.append(" ".join(str(v) for v in values))
+    texts += [e for e in tool.examples if e.strip()]
+    return texts
+
+
+def _bm25_words(text: str) -> list[str]:
+    """BM25's words: every word but single letters (its IDF weighs the common ones down)."""
+    return [w for w in _WORD.findall(text.lower()) if len(w) > 1 or w == "i"]
+
+
+class Bm25:
+    """BM25 over short texts: the words two texts share, rarer words counting more."""
+
+    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> None:
+        docs = [_bm25_words(t) for t in texts]
+        lens = [len(d) for d in docs]
+        avg = sum(lens) / max(1, len(lens))
+        self._postings: dict[str, list[tuple[int, float]]] = {}
+        for i, d in enumerate(docs):
+            counts: dict[str, int] = {}
+            for w in d:
+                counts[w] = counts.get(w, 0) + 1
+            for w, f in counts.items():
+                self._postings.setdefault(w, []).append((i, f * (k1 + 1) / (f + k1 * (1 - b + b * lens[i] / avg))))
+        n = len(docs)
+        self._idf = {w: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for w, p in self._postings.items()}
+        self._n = n
+
+    def scores(self, text: str) -> Vectors:
+        out = np.zeros(self._n, dtype=np.float32)
+        for w in _bm25_words(text):
+            idf = self._idf.get(w)
+            if idf is not None:
+                for i, tf in self._postings[w]:
+                    out[i] += idf * tf
+        return out
+
+
+class RouteTable:
+    """The tools' texts and the answer examples, embedded word by word: text ``i`` belongs to
+    ``owners[i]`` (a tool's name, or None for an answer example) and has the rows
+    ``starts[i]:starts[i + 1]`` of ``words``."""
+
+    __slots__ = ("owners", "words", "starts", "counts", "bm25", "tools")
+
+    def __init__(self, owners: list[str | None], rows: list[Vectors], bm25: Bm25, tools: list[str]) -> None:
+        self.owners = owners
+        self.words = np.concatenate(rows)
+        self.counts = np.array([len(r) for r in rows])
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self.bm25 = bm25
+        self.tools = tools
+
+    def similarities(self, line: str, embedder: Embedder) -> Vectors:
+        """Each text's similarity to ``line``: how well each word of one finds its nearest
+        word in the other, both ways, averaged; plus ``BM25_WEIGHT`` times BM25."""
+        q = embedder.words(line)
+        sims = q @ self.words.T  # (line words, all text words)
+        line_side = np.maximum.reduceat(sims, self.starts, axis=1).mean(axis=0)
+        text_side = np.add.reduceat(sims.max(axis=0), self.starts) / self.counts
+        out: Vectors = 0.5 * (line_side + text_side) + BM25_WEIGHT * self.bm25.scores(line)
+        return out
+
+
+def build_table(embedder: Embedder, tools: Sequence[ToolSpec], answers: Sequence[str] = ANSWER_EXAMPLES) -> RouteTable:
+    owners: list[str | None] = []
+    texts: list[str] = []
+    for t in tools:
+        mine = tool_texts(t)
+        owners += [t.name] * len(mine)
+        texts += mine
+    owners += [None] * len(answers)
+    texts += list(answers)
+    return RouteTable(owners, [embedder.words(t) for t in texts], Bm25(texts), [t.name for t in tools])
+
+
+def route_line(table: RouteTable, line: str, embedder: Embedder, threshold: float = THRESHOLD) -> Route:
+    """The tool with the text most similar to the line, if that text is at least
+    ``threshold`` similar and more similar than every answer example; else no tool."""
+    best: dict[str | None, float] = {}
+    for owner, s in zip(table.owners, table.similarities(line, embedder).tolist(), strict=True):
+        if s > best.get(owner, -9.0):
+            best[owner] = s
+    answer = best.pop(None, -9.0)
+    tools = [k for k in best if k is not None]
+    if not tools:
+        return Route(None, round(answer, 4))
+    name = max(tools, key=lambda k: best[k])
+    if best[name] >= threshold and best[name] > answer:
+        return Route(name, round(best[name], 4))
+    return Route(None, round(answer, 4))
+
+
+ToolsKey = tuple[tuple[str, str, str, tuple[str, ...]], ...]
+
+
+def tools_key(tools: Sequence[ToolSpec]) -> ToolsKey:
+    return tuple((t.name, t.description, repr(t.parameters.get("properties")), tuple(t.examples)) for t in tools)
+
+
+class TableCache:
+    """Route tables by tool set (names, descriptions, argument values, examples), the least
+    recently used dropped past ``size``: NPCs with the same tools share one."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._tables: OrderedDict[ToolsKey, RouteTable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tools: Sequence[ToolSpec]) -> RouteTable | None:
+        key = tools_key(tools)
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+            return table
+
+    def build(self, embedder: Embedder, tools: Sequence[ToolSpec]) -> RouteTable:
+        """The table for ``tools``, embedded now if it is not cached (blocking: a thread)."""
+        table = self.get(tools)
+        if table is None:
+            table = build_table(embedder, tools)
+            with self._lock:
+                self._tables[tools_key(tools)] = table
+                while len(self._tables) > self._size:
+                    self._tables.popitem(last=False)
+        return table
+
+
+TABLES = TableCache()
+
+
+def route(embedder: Embedder, tools: Sequence[ToolSpec], line: str) -> Route:
+    """Route ``line`` among ``tools`` (blocking: a worker thread)."""
+    return route_line(TABLES.build(embedder, tools), line, embedder)
+
+
+def warm(tools: Sequence[ToolSpec]) -> None:
+    """Load the embedder and embed ``tools`` now (npc/create, in a worker thread), so that
+    the NPC's first turn pays only for its line."""
+    embedder = default_embedder()
+    if embedder is not None and tools:
+        TABLES.build(embedder, tools)
