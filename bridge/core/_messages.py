@@ -397,11 +397,13 @@ class ToolRecord(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True
 class RoutingInfo(msgspec.Struct, frozen=True, rename="camel"):
     """How a turn's first step chose its tool: ``policy`` ``model`` (the model chose;
     ``picked`` and ``score`` null) or ``semantic`` (the bridge picked a tool, or null: answer
-    in words, with the winner's similarity to the line)."""
+    in words, with the winner's similarity to the line). ``lore``: under ``semantic``, the keys
+    of the lore entries the bridge put with the facts for the line, the most similar first."""
 
     policy: Literal["model", "semantic"]
     picked: str | None = None
     score: float | None = None
+    lore: list[str] = msgspec.field(default_factory=list)
 
 
 class TurnCompleted(_Event, frozen=True, kw_only=True):

@@ -9,7 +9,15 @@ from typing import Any
 import msgspec
 
 from bridge import EngineRegistry, Service
-from bridge.messages import NpcConfig, RespondParams, SubmitParams, ToolCallRequested, ToolSpec, TurnCompleted
+from bridge.messages import (
+    NpcConfig,
+    RespondParams,
+    SubmitParams,
+    ToolCallRequested,
+    ToolSpec,
+    TurnCompleted,
+    WorldSetParams,
+)
 
 TOOLS = [
     ToolSpec(
@@ -47,7 +55,7 @@ async def test_the_scripted_engine_leaves_the_choice_to_the_model_by_default() -
     async with Service.running(EngineRegistry(default="scripted")) as svc:
         await svc.create(NpcConfig(npc_id="k", tools=TOOLS, script=[{"text": "Evening."}]))
         called, done = await turn(svc, RespondParams(npc_id="k", prompt="Bring me a bowl of stew."))
-        assert called == [] and wire(done) == {"policy": "model", "picked": None, "score": None}
+        assert called == [] and wire(done) == {"policy": "model", "picked": None, "score": None, "lore": []}
         # nothing to choose: no routing
         _, done = await turn(svc, RespondParams(npc_id="k", prompt="Hi", tool_choice="none"))
         assert done.routing is None
@@ -79,3 +87,26 @@ def test_examples_and_routing_decode_from_the_wire() -> None:
     assert config.routing == "semantic" and config.tools[0].examples == ["hi"]
     p = msgspec.json.decode(b'{"npcId":"k","prompt":"x","routing":"auto"}', type=RespondParams)
     assert p.routing == "auto"
+
+
+MILL = "The old mill burned down in the winter of the wolves."
+
+
+async def test_semantic_routing_puts_the_lore_the_line_calls_for_in_the_instructions() -> None:
+    async with Service.running(EngineRegistry(default="scripted")) as svc:
+        svc.world_set(WorldSetParams(key="the old mill", value=MILL, lore=True))
+        svc.world_set(WorldSetParams(key="the baron's vault", value="Gold under the chapel.", lore=True, tags=["x"]))
+        echo = [{"echo": "instructions"}, {"echo": "instructions"}]
+        await svc.create(NpcConfig(npc_id="k", instructions="Be brief.", script=echo, routing="semantic"))
+        _, done = await turn(svc, RespondParams(npc_id="k", prompt="What happened to the mill?"))
+        assert MILL in done.text and "vault" not in done.text and wire(done)["lore"] == ["the old mill"]
+        _, done = await turn(svc, RespondParams(npc_id="k", prompt="I'll take an ale, please."))
+        assert MILL not in done.text and wire(done)["lore"] == []
+
+
+async def test_model_routing_retrieves_no_lore() -> None:
+    async with Service.running(EngineRegistry(default="scripted")) as svc:
+        svc.world_set(WorldSetParams(key="the old mill", value=MILL, lore=True))
+        await svc.create(NpcConfig(npc_id="k", script=[{"echo": "instructions"}], routing="model"))
+        _, done = await turn(svc, RespondParams(npc_id="k", prompt="What happened to the mill?"))
+        assert MILL not in done.text and wire(done) == {"policy": "model", "picked": None, "score": None, "lore": []}

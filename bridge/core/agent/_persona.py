@@ -3,8 +3,11 @@ the world's facts after them, and the NPC's own fallback lines."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bridge.core import _messages as m
-from bridge.core._world import View
+from bridge.core._world import View, render_value
+from bridge.core.agent._routing import render_lore
 
 
 def render_instructions(config: m.NpcConfig) -> str:
@@ -27,12 +30,12 @@ def render_instructions(config: m.NpcConfig) -> str:
     return "\n".join(parts)
 
 
-def with_facts(instructions: str, view: View) -> str:
-    """The persona and the game's instructions, then the facts: a fact change keeps the
-    prefix before them (an engine's cached prompt) intact."""
-    if not view.text:
-        return instructions
-    return f"{instructions}\n\n{view.text}" if instructions else view.text
+def with_facts(instructions: str, view: View, lore: Sequence[str] = ()) -> str:
+    """The persona and the game's instructions, then the facts, then the ``lore`` entries
+    retrieved for the turn (keys; only those the view still holds, within ``LORE_MAX_CHARS``):
+    a fact change keeps the prefix before them (an engine's cached prompt) intact."""
+    recalled = render_lore([(k, render_value(view.lore[k])) for k in lore if k in view.lore])
+    return "\n\n".join(part for part in (instructions, view.text, recalled) if part)
 
 
 def next_fallback_line(config: m.NpcConfig, code: str, cursors: dict[str, int]) -> str | None:

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -184,8 +184,11 @@ def _bm25_words(text: str) -> list[str]:
 class Bm25:
     """BM25 over short texts: the words two texts share, rarer words counting more."""
 
-    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> None:
-        docs = [_bm25_words(t) for t in texts]
+    def __init__(
+        self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75, tokens: Callable[[str], list[str]] = _bm25_words
+    ) -> None:
+        self._tokens = tokens
+        docs = [tokens(t) for t in texts]
         lens = [len(d) for d in docs]
         avg = sum(lens) / max(1, len(lens))
         self._postings: dict[str, list[tuple[int, float]]] = {}
@@ -201,7 +204,7 @@ class Bm25:
 
     def scores(self, text: str) -> Vectors:
         out = np.zeros(self._n, dtype=np.float32)
-        for w in _bm25_words(text):
+        for w in self._tokens(text):
             idf = self._idf.get(w)
             if idf is not None:
                 for i, tf in self._postings[w]:
@@ -314,3 +317,145 @@ def warm(tools: Sequence[ToolSpec]) -> None:
     embedder = default_embedder()
     if embedder is not None and tools:
         TABLES.build(embedder, tools)
+
+
+# ---- lore without a tool call ----
+#
+# Under ``semantic`` the bridge does not offer ``recall`` (the small model never calls it): it
+# compares the player's line with each lore entry it can see (its key, and each sentence of its
+# first LORE_TEXT_CHARS characters) on the same scores as routing, and the entries at least
+# LORE_THRESHOLD similar, the most similar first, join the facts, within LORE_MAX_ENTRIES entries
+# and LORE_MAX_CHARS characters (tests/model/test_llama_lore.py measures it on the bundled model).
+LORE_THRESHOLD = 0.75
+LORE_MAX_ENTRIES = 3
+LORE_MAX_CHARS = 600
+LORE_TEXT_CHARS = 1000
+LORE_HEADER = "What you remember that bears on this:"
+# BM25 on lore leaves out question words too (a lore sentence's "who" is no answer to "who ...?").
+LORE_STOPWORDS = STOPWORDS | frozenset("who whom whose when where why which anyone anything someone tell".split())
+
+
+def lore_words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in LORE_STOPWORDS]
+
+
+def lore_texts(key: str, value: str) -> list[str]:
+    """What a lore entry is compared on: its key in words, and each sentence of its start."""
+    texts = [key.replace("_", " ").replace("-", " ")]
+    texts += [s for s in _SENTENCE.split(value[:LORE_TEXT_CHARS].strip()) if s]
+    return texts
+
+
+class LoreTable:
+    """One view's lore, embedded sentence by sentence (``RouteTable`` with lore keys as owners)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, embedder: Embedder, lore: dict[str, str]) -> None:
+        owners: list[str | None] = []
+        texts: list[str] = []
+        for key, value in lore.items():
+            mine = lore_texts(key, value)
+            owners += [key] * len(mine)
+            texts += mine
+        # The answer examples too, owned by no entry: a background that keeps BM25's weights
+        # of common words about the same however few entries the NPC sees.
+        owners += [None] * len(ANSWER_EXAMPLES)
+        texts += ANSWER_EXAMPLES
+        self.table = RouteTable(
+            owners, [_LORE_ROWS.rows(embedder, t) for t in texts], Bm25(texts, tokens=lore_words), []
+        )
+
+    def scores(self, line: str, embedder: Embedder) -> dict[str, float]:
+        """Each entry's similarity to ``line``: that of its most similar text."""
+        best: dict[str, float] = {}
+        for owner, s in zip(self.table.owners, self.table.similarities(line, embedder).tolist(), strict=True):
+            if owner is not None and s > best.get(owner, -9.0):
+                best[owner] = s
+        return best
+
+
+class _RowCache:
+    """Embedded texts, the least recently used dropped past ``size``: a new world revision
+    embeds only the lore that changed."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._rows: OrderedDict[str, Vectors] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def rows(self, embedder: Embedder, text: str) -> Vectors:
+        with self._lock:
+            got = self._rows.get(text)
+            if got is not None:
+                self._rows.move_to_end(text)
+                return got
+        got = embedder.words(text)
+        with self._lock:
+            self._rows[text] = got
+            while len(self._rows) > self._size:
+                self._rows.popitem(last=False)
+        return got
+
+
+_LORE_ROWS = _RowCache()
+
+
+class _LoreTables:
+    """Lore tables by the entries they hold (few distinct sets: NPCs that see the same lore
+    share one), the least recently used dropped past ``size``."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._tables: OrderedDict[tuple[tuple[str, str], ...], LoreTable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, embedder: Embedder, lore: dict[str, str]) -> LoreTable:
+        key = tuple((k, v[:LORE_TEXT_CHARS]) for k, v in lore.items())
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = LoreTable(embedder, lore)
+        with self._lock:
+            self._tables[key] = table
+            while len(self._tables) > self._size:
+                self._tables.popitem(last=False)
+        return table
+
+
+LORE_TABLES = _LoreTables()
+
+
+def retrieve_lore(
+    embedder: Embedder,
+    lore: dict[str, str],
+    line: str,
+    threshold: float = LORE_THRESHOLD,
+    max_entries: int = LORE_MAX_ENTRIES,
+) -> list[tuple[str, float]]:
+    """The lore entries (key, score) at least ``threshold`` similar to ``line``, the most
+    similar first, at most ``max_entries`` (blocking: a worker thread). ``lore``: key to the
+    entry's text, only what the NPC can see."""
+    if not lore or not line.strip():
+        return []
+    scores = LORE_TABLES.get(embedder, lore).scores(line, embedder)
+    ranked = sorted(((k, s) for k, s in scores.items() if s >= threshold), key=lambda ks: (-ks[1], ks[0]))
+    return [(k, round(s, 4)) for k, s in ranked[:max_entries]]
+
+
+def render_lore(entries: Sequence[tuple[str, str]], max_chars: int = LORE_MAX_CHARS) -> str:
+    """The retrieved lore for the instructions: a header, then ``- key: text`` lines within
+    ``max_chars`` characters (the first entry cut short to fit, the rest left out)."""
+    lines: list[str] = []
+    used = 0
+    for key, text in entries:
+        line = f"- {key}: {text}"
+        if used + len(line) > max_chars:
+            if lines:
+                break
+            line = line[: max(0, max_chars - 1)].rstrip() + "…"
+        lines.append(line)
+        used += len(line) + 1
+    return LORE_HEADER + "\n" + "\n".join(lines) if lines else ""

@@ -76,10 +76,11 @@ class TurnProgress:
             self.warnings.append(warning)
 
 
-def offered_tools(npc_tools: Collection[ToolSpec], view: View) -> list[ToolSpec]:
-    """The NPC's tools, and the world's ``recall`` while the NPC can see lore."""
+def offered_tools(npc_tools: Collection[ToolSpec], view: View, recall: bool = True) -> list[ToolSpec]:
+    """The NPC's tools, and the world's ``recall`` while the NPC can see lore, unless the turn
+    routes semantically (``recall=False``: the bridge put the lore the line calls for with the facts)."""
     tools = list(npc_tools)
-    if view.recall_tool is not None:
+    if recall and view.recall_tool is not None:
         tools.append(view.recall_tool)
     return tools
 

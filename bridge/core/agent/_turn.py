@@ -29,9 +29,17 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from bridge.core import _messages as m
-from bridge.core._world import View
+from bridge.core._world import View, render_value
 from bridge.core.agent._persona import with_facts
-from bridge.core.agent._routing import default_embedder, embedder_ready, resolve_policy, route
+from bridge.core.agent._routing import (
+    Embedder,
+    Route,
+    default_embedder,
+    embedder_ready,
+    resolve_policy,
+    retrieve_lore,
+    route,
+)
 from bridge.core.agent._steering import (
     TurnProgress,
     call_room,
@@ -309,8 +317,11 @@ async def _steps(npc: Npc, turn: Turn) -> None:
 
 async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
     """Who chooses the first step's tool (``routing``): the model, or the bridge from the
-    player's line (in a worker thread: embedding is CPU work). None: nothing to choose."""
-    if p.tool_choice not in ("auto", "tool_or_answer") or not npc.tools or not p.prompt:
+    player's line; and under ``semantic``, the lore the line calls for (in a worker thread:
+    embedding is CPU work). None: no tool to choose and no lore to find."""
+    lore = {k: render_value(v) for k, v in npc.view().lore.items()} if p.prompt else {}
+    routed = p.tool_choice in ("auto", "tool_or_answer") and bool(npc.tools) and bool(p.prompt)
+    if not routed and not lore:
         return None
     requested = p.routing or npc.config.routing
     weak = weak_tool_choice(npc.engine)
@@ -319,15 +330,30 @@ async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
         embedder = await trio.to_thread.run_sync(default_embedder)
     if resolve_policy(requested, weak, embedder is not None) == "model" or embedder is None:
         return m.RoutingInfo(policy="model")
-    got = await trio.to_thread.run_sync(route, embedder, list(npc.tools.values()), p.prompt)
-    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score)
+    tools = list(npc.tools.values()) if routed else []
+    got, found = await trio.to_thread.run_sync(_route_and_retrieve, embedder, tools, p.prompt, lore)
+    keys = [k for k, _ in found]
+    if got is None:
+        return m.RoutingInfo(policy="semantic", lore=keys)
+    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score, lore=keys)
+
+
+def _route_and_retrieve(
+    embedder: Embedder, tools: list[ToolSpec], line: str, lore: dict[str, str]
+) -> tuple[Route | None, list[tuple[str, float]]]:
+    """In a worker thread: the first step's tool among ``tools`` (None: none to choose) and the
+    lore entries (among what the NPC sees) most similar to the line."""
+    return (route(embedder, tools, line) if tools else None), retrieve_lore(embedder, lore, line)
 
 
 async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: View) -> tuple[StepRequest, int, int]:
     """The next step's request, steered and trimmed to the window: (request, turns left
     out of the window, the prompt's tokens)."""
-    instructions = with_facts(npc.instructions, view)
-    tools, mode = steer(p, progress, offered_tools(npc.tools.values(), view))
+    routed = progress.routing
+    semantic = routed is not None and routed.policy == "semantic"
+    # Under semantic routing the lore the line calls for is in the instructions, not behind recall.
+    instructions = with_facts(npc.instructions, view, routed.lore if routed is not None else ())
+    tools, mode = steer(p, progress, offered_tools(npc.tools.values(), view, recall=not semantic))
     fixed = await npc.window.base_tokens(instructions, tools) + progress.working_tokens
     budget = npc.budget()
     dropped, visible = await npc.window.fit_counted(fixed, budget)
@@ -399,7 +425,13 @@ async def _finish_with_line(turn: Turn, line: str, progress: TurnProgress, view:
 async def _prewarm(npc: Npc, turn: Turn) -> None:
     """``npc/prewarm``: hand the engine the step the NPC would run now, to prepare."""
     view = npc.view()
-    req, _, _ = await _request(npc, turn.params, TurnProgress([]), view)
+    progress = TurnProgress([])
+    # The turn it prepares for shows what its policy shows: under semantic routing no recall, and
+    # words only until a line picks a tool (the common case: most lines are talk).
+    requested = turn.params.routing or npc.config.routing
+    if resolve_policy(requested, weak_tool_choice(npc.engine)) == "semantic":
+        progress.routing = m.RoutingInfo(policy="semantic")
+    req, _, _ = await _request(npc, turn.params, progress, view)
     usage = await npc.engine.prewarm(req) if isinstance(npc.engine, Prewarmable) else Usage()
     await trio.lowlevel.checkpoint_if_cancelled()
     turn.put_completed(TurnProgress([], usage=usage), "", None, "prewarmed", view.revision)

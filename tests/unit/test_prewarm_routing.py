@@ -1,0 +1,57 @@
+"""``npc/prewarm`` prepares the step the NPC's policy will run: under ``semantic`` routing the
+bridge's ``recall`` is not offered (the line's lore joins the facts instead) and the first step
+shows no tools until a line picks one; under ``model`` the step offers every tool and recall."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from bridge import EngineRegistry, ScriptedEngine, Service
+from bridge.core import _messages as m
+from bridge.core.agent._routing import default_embedder
+from bridge.engines.base import StepRequest, Usage
+
+if default_embedder() is None:
+    pytest.skip("wordllama is not installed", allow_module_level=True)
+
+INVENTORY = m.ToolSpec(
+    name="check_inventory",
+    description="How many of an item are in stock.",
+    parameters={"type": "object", "properties": {"item": {"type": "string"}}},
+)
+
+
+class PrewarmingEngine(ScriptedEngine):
+    """The scripted engine, keeping each request ``npc/prewarm`` hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prewarmed: list[StepRequest] = []
+
+    async def prewarm(self, request: StepRequest) -> Usage:
+        self.prewarmed.append(request)
+        return Usage()
+
+
+async def prewarm_request(routing: m.RoutingPolicy) -> StepRequest:
+    engine = PrewarmingEngine()
+    with trio.fail_after(10):
+        async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
+            svc.world_set(m.WorldSetParams(key="the old mill", value="It burned down.", lore=True))
+            await svc.create(m.NpcConfig(npc_id="miller", tools=[INVENTORY], routing=routing, script=[]))
+            turn = svc.prewarm(m.NpcRef(npc_id="miller"))
+            async for ev in svc.events(turn.turn_id):
+                assert not isinstance(ev, m.TurnFailed), ev
+    [request] = engine.prewarmed
+    return request
+
+
+async def test_a_prewarm_under_semantic_routing_offers_no_recall_and_no_tools() -> None:
+    request = await prewarm_request("semantic")
+    assert request.tools == [] and request.tool_mode == "disallowed"
+
+
+async def test_a_prewarm_under_model_routing_offers_the_tools_and_recall() -> None:
+    request = await prewarm_request("model")
+    assert [t.name for t in request.tools] == ["check_inventory", "recall"]
