@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from bridge.core import _messages as m
-from bridge.core._world import View, render_value
+from bridge.core._world import RECALL, View, render_value
 from bridge.core.agent._persona import with_facts
 from bridge.core.agent._routing import (
     Embedder,
@@ -351,9 +351,11 @@ async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: V
     out of the window, the prompt's tokens)."""
     routed = progress.routing
     semantic = routed is not None and routed.policy == "semantic"
-    # Under semantic routing the lore the line calls for is in the instructions, not behind recall.
+    # Under semantic routing the lore the line calls for is in the instructions, not behind
+    # recall; a game that names recall as the tool choice still gets it.
     instructions = with_facts(npc.instructions, view, routed.lore if routed is not None else ())
-    tools, mode = steer(p, progress, offered_tools(npc.tools.values(), view, recall=not semantic))
+    named_recall = isinstance(p.tool_choice, m.NamedTool) and p.tool_choice.tool == RECALL
+    tools, mode = steer(p, progress, offered_tools(npc.tools.values(), view, recall=named_recall or not semantic))
     fixed = await npc.window.base_tokens(instructions, tools) + progress.working_tokens
     budget = npc.budget()
     dropped, visible = await npc.window.fit_counted(fixed, budget)

@@ -1,6 +1,7 @@
-"""``npc/prewarm`` prepares the step the NPC's policy will run: under ``semantic`` routing the
-bridge's ``recall`` is not offered (the line's lore joins the facts instead) and the first step
-shows no tools until a line picks one; under ``model`` the step offers every tool and recall."""
+"""The steps routing shapes. ``npc/prewarm`` prepares the step the NPC's policy will run: under
+``semantic`` routing the bridge's ``recall`` is not offered (the line's lore joins the facts
+instead) and the first step shows no tools until a line picks one; under ``model`` the step
+offers every tool and recall. A game that names ``recall`` as the tool choice always gets it."""
 
 from __future__ import annotations
 
@@ -55,3 +56,19 @@ async def test_a_prewarm_under_semantic_routing_offers_no_recall_and_no_tools() 
 async def test_a_prewarm_under_model_routing_offers_the_tools_and_recall() -> None:
     request = await prewarm_request("model")
     assert [t.name for t in request.tools] == ["check_inventory", "recall"]
+
+
+async def test_a_game_that_names_recall_gets_it_under_semantic_routing() -> None:
+    engine = ScriptedEngine()
+    script = [{"toolCalls": [{"id": "c1", "name": "recall", "arguments": {"topic": "the old mill"}}]}, {"text": "Ash."}]
+    with trio.fail_after(10):
+        async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
+            svc.world_set(m.WorldSetParams(key="the old mill", value="It burned down.", lore=True))
+            await svc.create(m.NpcConfig(npc_id="miller", routing="semantic", script=script))
+            turn = svc.respond(
+                m.RespondParams(npc_id="miller", prompt="The mill?", tool_choice=m.NamedTool(tool="recall"))
+            )
+            done = [ev async for ev in svc.events(turn.turn_id)][-1]
+    assert isinstance(done, m.TurnCompleted), done
+    assert [(c.name, c.output) for c in done.tool_calls] == [("recall", "It burned down.")]
+    assert [t.name for t in engine.requests[0].tools] == ["recall"]
