@@ -18,6 +18,7 @@ from bridge.messages import (
     TurnCompleted,
     WorldSetParams,
 )
+from tests.support.needs import require
 
 TOOLS = [
     ToolSpec(
@@ -62,6 +63,7 @@ async def test_the_scripted_engine_leaves_the_choice_to_the_model_by_default() -
 
 
 async def test_semantic_routing_forces_the_nearest_tool_or_words() -> None:
+    require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
     async with Service.running(EngineRegistry(default="scripted")) as svc:
         script = [ORDER, {"text": "Stew it is."}, {"text": "Evening to you."}]
         await svc.create(NpcConfig(npc_id="k", tools=TOOLS, script=script, routing="semantic"))
@@ -93,6 +95,7 @@ MILL = "The old mill burned down in the winter of the wolves."
 
 
 async def test_semantic_routing_puts_the_lore_the_line_calls_for_in_the_instructions() -> None:
+    require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
     async with Service.running(EngineRegistry(default="scripted")) as svc:
         svc.world_set(WorldSetParams(key="the old mill", value=MILL, lore=True))
         svc.world_set(WorldSetParams(key="the baron's vault", value="Gold under the chapel.", lore=True, tags=["x"]))

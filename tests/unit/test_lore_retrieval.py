@@ -3,8 +3,6 @@ within the NPC's scope, its budget and its threshold; ``model`` leaves lore to `
 
 from __future__ import annotations
 
-import pytest
-
 from bridge.core import _messages as m
 from bridge.core._world import RECALL, World
 from bridge.core.agent._persona import with_facts
@@ -17,10 +15,10 @@ from bridge.core.agent._routing import (
     retrieve_lore,
 )
 from bridge.core.agent._steering import offered_tools
+from tests.support.needs import require
 
+require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
 embedder = default_embedder()
-if embedder is None:
-    pytest.skip("wordllama is not installed", allow_module_level=True)
 
 MILL = "The old mill burned down in the winter of the wolves."
 

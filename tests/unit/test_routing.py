@@ -11,6 +11,7 @@ from bridge.core import _messages as m
 from bridge.core.agent import _routing as r
 from bridge.core.agent._steering import TurnProgress, steer
 from bridge.engines.base import ToolSpec, weak_tool_choice
+from tests.support.needs import require
 
 MENU = ToolSpec(
     name="get_menu",
@@ -89,6 +90,7 @@ def test_a_semantic_route_forces_its_tool_or_words_on_the_first_step_only() -> N
 
 
 def test_the_real_embedder_loads_from_the_wheel_without_the_network() -> None:
+    require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
     e = r.default_embedder()
     assert e is not None
     rows = e.words("Bring me a bowl of stew.")

@@ -5,16 +5,14 @@ offers every tool and recall. A game that names ``recall`` as the tool choice al
 
 from __future__ import annotations
 
-import pytest
 import trio
 
 from bridge import EngineRegistry, ScriptedEngine, Service
 from bridge.core import _messages as m
-from bridge.core.agent._routing import default_embedder
 from bridge.engines.base import StepRequest, Usage
+from tests.support.needs import require
 
-if default_embedder() is None:
-    pytest.skip("wordllama is not installed", allow_module_level=True)
+require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
 
 INVENTORY = m.ToolSpec(
     name="check_inventory",
