@@ -70,3 +70,23 @@ async def test_a_game_that_names_recall_gets_it_under_semantic_routing() -> None
     assert isinstance(done, m.TurnCompleted), done
     assert [(c.name, c.output) for c in done.tool_calls] == [("recall", "It burned down.")]
     assert [t.name for t in engine.requests[0].tools] == ["recall"]
+
+
+async def test_a_first_step_the_bridge_routed_to_a_tool_makes_one_call() -> None:
+    engine = ScriptedEngine()
+    menu = m.ToolSpec(
+        name="get_menu",
+        description="Read the tavern's menu: dishes and drinks with prices.",
+        examples=["What do you serve?", "What's to eat?"],
+    )
+    with trio.fail_after(10):
+        async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
+            script = [{"toolCalls": [{"id": "c1", "name": "get_menu", "arguments": {}}]}, {"text": "Stew."}]
+            await svc.create(m.NpcConfig(npc_id="k", tools=[menu], routing="semantic", script=script))
+            turn = svc.respond(m.RespondParams(npc_id="k", prompt="What do you have to eat tonight?"))
+            async for done in svc.events(turn.turn_id):
+                if isinstance(done, m.ToolCallRequested):
+                    svc.submit(m.SubmitParams(npc_id="k", call_id=done.call_id, output={"stew": "3 copper"}))
+    assert isinstance(done, m.TurnCompleted) and done.routing is not None and done.routing.picked == "get_menu"
+    first = engine.requests[0]
+    assert [t.name for t in first.tools] == ["get_menu"] and first.max_calls == 1

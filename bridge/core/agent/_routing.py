@@ -20,6 +20,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -127,7 +128,11 @@ _loading = threading.Lock()
 
 
 def wordllama_folder() -> str | None:
-    """The folder of the installed wordllama package (found without importing it), or None."""
+    """The folder of the installed wordllama package (found without importing it), or None. A
+    frozen build (packaging/) carries just the two files routing reads, in its own folder."""
+    bundle: str | None = getattr(sys, "_MEIPASS", None)
+    if bundle is not None and os.path.isdir(os.path.join(bundle, "wordllama", "weights")):
+        return os.path.join(bundle, "wordllama")
     spec = importlib.util.find_spec("wordllama")
     if spec is None or not spec.submodule_search_locations:
         return None

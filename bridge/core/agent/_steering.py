@@ -115,8 +115,13 @@ def steer(p: m.RespondParams, progress: TurnProgress, tools: list[ToolSpec]) -> 
 
 
 def call_room(p: m.RespondParams, progress: TurnProgress) -> int:
-    """Calls the next step may make: what is left of the turn's ``maxToolCalls``."""
-    return max(0, p.max_tool_calls - progress.calls_made)
+    """Calls the next step may make: what is left of the turn's ``maxToolCalls``; one on a
+    first step the bridge routed to a tool (it picked one action for the line, not a batch)."""
+    room = max(0, p.max_tool_calls - progress.calls_made)
+    routed = progress.routing
+    if progress.step == 0 and routed is not None and routed.policy == "semantic" and routed.picked is not None:
+        return min(room, 1)
+    return room
 
 
 def player_line(p: m.RespondParams, step: int, working: list[Message]) -> str | None:
