@@ -315,6 +315,11 @@ async def _steps(npc: Npc, turn: Turn) -> None:
             return
 
 
+def _policy(npc: Npc, p: m.RespondParams) -> Literal["model", "semantic"]:
+    """The turn's routing policy (its own, else the NPC's), as the engine resolves ``auto``."""
+    return resolve_policy(p.routing or npc.config.routing, weak_tool_choice(npc.engine))
+
+
 async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
     """Who chooses the first step's tool (``routing``): the model, or the bridge from the
     player's line; and under ``semantic``, the lore the line calls for (in a worker thread:
@@ -323,12 +328,10 @@ async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
     routed = p.tool_choice in ("auto", "tool_or_answer") and bool(npc.tools) and bool(p.prompt)
     if not routed and not lore:
         return None
-    requested = p.routing or npc.config.routing
-    weak = weak_tool_choice(npc.engine)
     embedder = embedder_ready()
-    if embedder is None and resolve_policy(requested, weak) == "semantic":
+    if embedder is None and _policy(npc, p) == "semantic":
         embedder = await trio.to_thread.run_sync(default_embedder)
-    if resolve_policy(requested, weak, embedder is not None) == "model" or embedder is None:
+    if embedder is None or _policy(npc, p) == "model":
         return m.RoutingInfo(policy="model")
     tools = list(npc.tools.values()) if routed else []
     got, found = await trio.to_thread.run_sync(_route_and_retrieve, embedder, tools, p.prompt, lore)
@@ -430,8 +433,7 @@ async def _prewarm(npc: Npc, turn: Turn) -> None:
     progress = TurnProgress([])
     # The turn it prepares for shows what its policy shows: under semantic routing no recall, and
     # words only until a line picks a tool (the common case: most lines are talk).
-    requested = turn.params.routing or npc.config.routing
-    if resolve_policy(requested, weak_tool_choice(npc.engine)) == "semantic":
+    if _policy(npc, turn.params) == "semantic":
         progress.routing = m.RoutingInfo(policy="semantic")
     req, _, _ = await _request(npc, turn.params, progress, view)
     usage = await npc.engine.prewarm(req) if isinstance(npc.engine, Prewarmable) else Usage()
