@@ -26,8 +26,11 @@ $(STAMP): pyproject.toml packaging/llama_wheel.sh
 setup: $(STAMP)
 
 # The self-contained bridge for players' machines (packaging/, PyInstaller one-folder):
-# dist/oam-bridge/oam-bridge. DIST_MODEL=0 leaves the model out (the game then passes
-# --model); DIST_NATIVE=0 leaves out libOamNative (bundled when native/ has been built).
+# dist/oam-bridge/oam-bridge. DIST_MODEL is the model it bundles and starts on: 1 the
+# bundled SmolLM2 (94 MiB), 0 none (the game then passes --model), a catalog name
+# (`oam models list`: pulled first when not downloaded, as `oam models pull NAME` does) or a
+# FILE.gguf; the folder grows by the model file's size (qwen2.5-0.5b: ~470 MiB, a 3B model
+# ~2 GiB). DIST_NATIVE=0 leaves out libOamNative (bundled when native/ has been built).
 # PyInstaller is the `dist` extra, installed here only; an up-to-date build is not redone.
 DIST_MODEL ?= 1
 DIST_NATIVE ?= 1
@@ -38,7 +41,7 @@ $(DIST_STAMP): $(STAMP)
 	touch $(DIST_STAMP)
 
 dist: $(DIST_STAMP)
-	$(BIN)/python packaging/build_dist.py --model $(DIST_MODEL) --native $(DIST_NATIVE)
+	$(BIN)/python packaging/build_dist.py --model "$(DIST_MODEL)" --native $(DIST_NATIVE)
 
 native:
 	@if ! test -f native/Package.swift; then echo "native: no package yet"; \

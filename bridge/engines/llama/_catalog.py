@@ -201,11 +201,17 @@ def model_folder(model: CatalogModel) -> str:
 def local_path(model: CatalogModel) -> str | None:
     """The model's file on this machine, or None: the bundled model is the package's file
     (in a frozen build, its copy in ``models/``); the others are ``<models dir>/<name>/<file>``
-    once pulled."""
+    once pulled, or in a frozen build that bundles them (``make dist DIST_MODEL=NAME``) the
+    copy in its ``models/``."""
     if model.name == BUNDLED and model.repo == _BUILTIN[0].repo:
         bundled = bundled_path()
         if bundled:
             return bundled
+    frozen: str | None = getattr(sys, "_MEIPASS", None)
+    if frozen is not None:
+        path = os.path.join(frozen, "models", os.path.basename(model.file))
+        if os.path.isfile(path):
+            return path
     path = os.path.join(model_folder(model), model.file)
     return path if os.path.isfile(path) else None
 

