@@ -185,7 +185,7 @@ def game_layer(bridge: Bridge, engine: str, options: dict) -> None:
     )
     if decision:
         answer = decision["json"]
-        print(f"[game] Bram chose {answer['choice']!r} because: {answer.get('reasoning', '')}")
+        print(f"[game] Bram chose {answer['choice']!r}: {answer.get('reasoning', '')}")
 
 
 def main() -> int:

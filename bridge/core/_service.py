@@ -451,7 +451,11 @@ def decision_prompt(p: m.DecideParams) -> str:
 
 # "x-oam-prose": a hint for the llama grammar (a sentence of words; see its _grammar.py),
 # ignored by validation and by the other engines.
-REASONING_FIELD = {"type": "string", "description": "why, in one short sentence, before choosing", "x-oam-prose": True}
+REASONING_FIELD = {
+    "type": "string",
+    "description": "why, in one short sentence, before choosing",
+    "x-oam-prose": "reason",
+}
 
 
 def decision_schema(p: m.DecideParams) -> dict[str, Any]:

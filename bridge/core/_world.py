@@ -72,12 +72,13 @@ class _Fact:
 class View:
     """What one NPC sees of the world at one revision."""
 
-    __slots__ = ("revision", "text", "lore", "recall_tool")
+    __slots__ = ("revision", "text", "lore", "facts", "recall_tool")
 
-    def __init__(self, revision: int, text: str, lore: dict[str, Any]) -> None:
+    def __init__(self, revision: int, text: str, lore: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
         self.revision = revision
         self.text = text  # "" when no fact is visible
         self.lore = lore
+        self.facts = facts or {}  # the facts in ``text`` (not lore), by key
         self.recall_tool: ToolSpec | None = None
         if lore:
             topics = list(lore)
@@ -210,8 +211,9 @@ class World:
         visible = sorted(seen.values(), key=lambda f: f.key) if len(parts) > 1 else parts[0]
         lines = [f.line for f in visible if not f.lore]
         lore = {f.key: f.value for f in visible if f.lore}
+        facts = {f.key: f.value for f in visible if not f.lore}
         text = FACTS_HEADER + "\n" + "\n".join(lines) if lines else ""
-        view = index.views[key] = View(self.revision, text, lore)
+        view = index.views[key] = View(self.revision, text, lore, facts)
         return view
 
 

@@ -108,6 +108,9 @@ class StepRequest(msgspec.Struct, frozen=True):
     # ``_arguments``): an engine that constrains generation may hold the arguments to them.
     # Whatever the engine does, the agent sets a differing value to the pinned one after the step.
     pinned: dict[str, dict[str, str]] = {}
+    # A sentence of the NPC's lore that answers the player's line (``_routing.lore_lead``): an
+    # engine that keeps a small model grounded opens the spoken line with it (the llama engine).
+    lead: str | None = None
 
 
 class TextChunk(msgspec.Struct, frozen=True):

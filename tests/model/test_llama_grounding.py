@@ -281,3 +281,67 @@ async def test_a_line_that_may_still_call_a_tool_says_the_count_when_it_speaks(e
         text = "".join(c.delta for c in out if isinstance(c, TextChunk))
         assert value_pattern("3").search(text) and "{" not in text, text
     assert spoke
+
+
+# -- a list's entries, named with their prices ------------------------------------------------
+MENU = [
+    ("ale", "2 copper"),
+    ("mead", "3 copper"),
+    ("lamb stew", "5 copper"),
+    ("bread", "1 copper"),
+]
+
+
+def lister(engine: Any, seed: int, ends_after: int, name_gap: float) -> Any:
+    """Rows of a model that would end the line after ``ends_after`` words, finds the entries'
+    names ``name_gap`` below its best token, and after that wants any number but a true price
+    ("12", "½"): it would invent prices if let."""
+    import numpy as np
+
+    llm = engine._llm
+
+    def toks(*words: str) -> list[int]:
+        return [llm.tokenize(w.encode(), add_bos=False, special=False)[0] for w in words]
+
+    words = toks(" We", " have", " fine", " food", " friend", " and", ",")
+    ends = toks(".", "!", "\n") + [llm.token_eos()]
+    names = toks(*(" " + n for n, _ in MENU), *(n.capitalize() for n, _ in MENU))
+    invented = toks(" 12", " 7", " ½", "9")
+    rng = np.random.default_rng(seed)
+
+    def rows(step: int) -> Any:
+        row = rng.normal(-10, 1, engine._gen.n_vocab).astype(np.float32)
+        best = 12.0
+        row[rng.choice(words)] = best
+        row[invented] = best + 1 if step > ends_after else best - 20
+        if step >= ends_after:
+            row[rng.choice(ends)] = best + 6
+        row[names] = best - name_gap
+        return row
+
+    return rows
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
+@pytest.mark.parametrize("name_gap", [0.5, 8.0, 40.0])
+def test_a_lists_entries_are_named_with_their_prices_and_no_other_price(
+    engine: Any, monkeypatch: Any, temperature: float, name_gap: float
+) -> None:
+    # One entry asked about, or the whole menu: every entry is named with its own price in
+    # the first sentence, whatever the model would rather say; no number of the model's own
+    # follows them, and the line ends with the sentence that lists them.
+    from bridge.engines._text._prompt import Entry
+    from bridge.engines.llama._worker import EntryValue
+
+    for seed in range(6):
+        for chosen in (MENU[1:2], MENU):
+            say = [Entry(n, d, f"{n} for {d}") for n, d in chosen]
+            rows = lister(engine, seed, ends_after=seed % 3, name_gap=name_gap)
+            text, step = speak(engine, monkeypatch, say, rows, temperature, seed, max_tokens=80)
+            sentences = re.split(r"(?<=[.!?])\s", text.strip())
+            assert len(sentences) == 1, (text, step.how)
+            for e in say:
+                assert EntryValue(e, lambda s: [1]).pattern.search(sentences[0]), (e, text, step.how)
+            prices = re.findall(r"\d+|[½⅓¼¾]", text)
+            assert sorted(prices) == sorted(d.split()[0] for _n, d in chosen), (text, step.how)
+            assert not step.say

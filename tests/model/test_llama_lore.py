@@ -1,7 +1,8 @@
 """Lore without a tool call on the bundled model (``routing: "auto"``, semantic there): a
 question about a fact only lore holds, asked in other words than the fact, gets the fact into
 the instructions (retrieval, deterministic: asserted on at least 80% of the lines) and the
-model's line is checked for it (reported, not asserted); unrelated lines retrieve nothing.
+NPC's line says it (it opens with the entry's sentence that answers the question:
+``_routing.lore_lead``; asserted on at least 80%); unrelated lines retrieve nothing.
 Temperature 0.7, two seeds."""
 
 from __future__ import annotations
@@ -89,3 +90,4 @@ async def test_lore_reaches_the_bundled_model_without_a_tool_call(seed: int) -> 
     for row in seen:
         print("  ", row)
     assert retrieved >= 0.8 * n, seen
+    assert mentioned >= 0.8 * n, seen  # the line opens with the retrieved sentence (lore_lead)

@@ -286,7 +286,7 @@ def test_the_readme_shows_how_to_play_the_demo_without_a_model() -> None:
     # the game layer: a world fact, a prewarm, two NPCs talking, a decision
     assert "world/set 'storm'" in r.stdout and "npc/prewarm bram -> prewarmed" in r.stdout
     assert "Greta:  A storm is coming from the north tonight, Bram." in r.stdout
-    assert "Bram chose 'question' because: A stranger before a storm could be trouble." in r.stdout
+    assert "Bram chose 'question': A stranger before a storm could be trouble." in r.stdout
 
 
 def test_the_readme_game_layer_example_runs_as_printed() -> None:

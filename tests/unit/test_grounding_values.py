@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from bridge.engines._text._prompt import SAY_MAX_VALUES, PromptRenderer, values_to_say
+from bridge.engines._text._prompt import (
+    LIST_MAX_ENTRIES,
+    SAY_MAX_VALUES,
+    Entry,
+    PromptRenderer,
+    entries_to_say,
+    values_to_say,
+)
 from bridge.engines.base import Message, ToolCall
 from bridge.engines.llama._lines import value_pattern
 
@@ -86,3 +93,82 @@ def test_only_the_tool_results_of_the_turn_being_generated_count_and_never_an_er
 )
 def test_a_value_is_said_as_a_whole_number_in_digits_or_words(value: str, text: str, says: bool) -> None:
     assert bool(value_pattern(value).search(text)) is says
+
+
+# -- which entries of a list a line must name ---------------------------------------------------
+MENU = {
+    "menu": [
+        {"item": "ale", "price": "2 copper"},
+        {"item": "mead", "price": "3 copper"},
+        {"item": "lamb stew", "price": "5 copper"},
+        {"item": "bread", "price": "1 copper"},
+        {"item": "cheese", "price": "2 copper"},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    "player, said",
+    [
+        ("How much is the mead?", ["mead for 3 copper"]),  # the entry asked about, with its price
+        ("A bowl of stew and two ales, please.", ["ale for 2 copper", "lamb stew for 5 copper"]),  # menu order
+        ("Is the BREAD fresh?", ["bread for 1 copper"]),
+        # none asked about: the first LIST_MAX_ENTRIES
+        (
+            "What can I buy from you?",
+            ["ale for 2 copper", "mead for 3 copper", "lamb stew for 5 copper", "bread for 1 copper"],
+        ),
+    ],
+)
+def test_the_entries_a_line_must_name_are_those_the_player_asked_about(player: str, said: list[str]) -> None:
+    assert [e.text for e in entries_to_say([MENU], player)] == said
+    assert len(entries_to_say([MENU], "Anything good?")) == LIST_MAX_ENTRIES
+
+
+@pytest.mark.parametrize(
+    "output, said",
+    [
+        (
+            {"wares": [{"name": "rope", "price": 3, "currency": "silver"}]},
+            ["rope for 3 silver"],
+        ),  # a number and its coin
+        ([{"product": "lantern", "cost": 12}], ["lantern for 12"]),
+        ({"stock": [{"item": "arrows", "count": 20}]}, ["20 arrows"]),  # a count before its name
+        ({"quests": [{"title": "The lost ring", "giver": "Mara"}]}, []),  # no price, no count: not an entry
+        ({"npcs": [{"id": 3, "x": 4}]}, []),
+        ({"menu": [{"item": "a very long description of a dish nobody names", "price": 2}]}, []),
+    ],
+)
+def test_a_list_entry_has_a_name_and_a_price_or_a_count(output: Any, said: list[str]) -> None:
+    assert [e.text for e in entries_to_say([output], "anything")] == said
+
+
+def test_a_menus_prices_are_said_with_their_entries_not_as_numbers_alone() -> None:
+    menu = {"menu": [{"dish": "stew", "price": 4}, {"dish": "pie", "price": 6}]}
+    call = ToolCall("c1", "get_menu", {})
+    messages = [
+        Message("user", "What's the pie?"),
+        Message("assistant", "", tool_calls=[call]),
+        Message("tool", json.dumps(menu), tool_call_id="c1", name="get_menu"),
+    ]
+    assert values_to_say([menu]) == []
+    assert [e.text if isinstance(e, Entry) else e for e in PromptRenderer.said_values(messages)] == ["pie for 6"]
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("Mead for 3 copper.", True),
+        ("The mead is 3 copper, friend.", True),
+        ("Three copper for a mead.", True),
+        ("Mead? That's 3 copper.", False),  # another sentence: not said together
+        ("The mead is 30 copper.", False),
+        ("Ale for 3 copper.", False),
+        ("The mead is 3 silver.", False),
+    ],
+)
+def test_where_a_line_names_an_entry_with_its_price(text: str, says: bool) -> None:
+    from bridge.engines.llama._worker import EntryValue
+
+    value = EntryValue(Entry("mead", "3 copper", "mead for 3 copper"), lambda s: [1])
+    assert bool(value.pattern.search(text)) is says

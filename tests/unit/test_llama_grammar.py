@@ -142,6 +142,12 @@ def test_cut_off_call_batch_keeps_the_calls_generated_whole() -> None:
     assert g.complete_calls('{"tool_calls":[{"na') == []
     assert g.complete_calls("no call here") == []
     assert len(g.complete_calls('{"tool_calls":[{"name":"a","arguments":{}},{"name":"b","arguments":{}}]}')) == 2
+    # the same call twice in one batch is one call; the same tool with other arguments is another
+    twice = '{"tool_calls":[{"name":"a","arguments":{"n":1}},{"name":"a","arguments":{"n":1}},{"name":"a"}]}'
+    assert g.complete_calls(twice) == [{"name": "a", "arguments": {"n": 1}}, {"name": "a"}]
+    assert (
+        len(g.complete_calls('{"tool_calls":[{"name":"a","arguments":{"n":1}},{"name":"a","arguments":{"n":2}}]}')) == 2
+    )
 
 
 def test_prompt_shows_the_tools_given_and_says_must_on_a_required_step() -> None:
@@ -510,7 +516,7 @@ def test_the_services_decision_schemas_give_grammars_of_only_the_options(reasoni
         m.DecideParams,
     )
     plain = msgspec.structs.replace(params, options=params.options[:2])
-    why = {"reasoning": "It is late."} if reasoning else {}
+    why = {"reasoning": "Because the hour is late."} if reasoning else {}
     for schema in (decision_schema(plain), decision_schema(params)):
         text, warnings = g.build_grammar(decision(schema))
         assert text is not None and warnings == []
@@ -579,3 +585,21 @@ def test_a_pinned_argument_can_take_only_its_value() -> None:
     # a pin for a tool the step does not show changes nothing
     other, _ = g.build_grammar(calls_req([DOOR], "required", None, {"cellar": {"which": "back"}}))
     assert other == free
+
+
+@needs_converter
+def test_the_bridges_decision_reasoning_is_a_sentence_that_gives_a_reason() -> None:
+    # npc/decide's reasoning ("x-oam-prose": "reason"): a sentence that opens "Because the"
+    # (the bundled model otherwise writes a line of dialogue there: "Let's talk about the storm.")
+    from bridge.core._messages import DecideParams, DecisionOption
+    from bridge.core._service import decision_schema
+
+    p = DecideParams(
+        npc_id="bram", situation="A stranger.", options=[DecisionOption("let_in"), DecisionOption("question")]
+    )
+    text, warnings = g.build_grammar(decision(decision_schema(p)))
+    assert text is not None and warnings == []
+    gr = Gbnf(text)
+    assert gr.accepts(answer("Because the storm is coming and he looks cold.", "let_in"))
+    for not_a_reason in ("Let's talk about the storm.", "Because.", "He looks cold.", "Because the"):
+        assert not gr.accepts(answer(not_a_reason, "let_in")), not_a_reason

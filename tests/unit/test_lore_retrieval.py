@@ -11,6 +11,7 @@ from bridge.core.agent._routing import (
     LORE_MAX_CHARS,
     LORE_MAX_ENTRIES,
     default_embedder,
+    lore_lead,
     render_lore,
     retrieve_lore,
 )
@@ -74,3 +75,25 @@ def test_recall_is_offered_only_when_the_model_chooses() -> None:
     assert offered_tools([], view, recall=False) == []
     # model: nothing retrieved, the instructions as before
     assert with_facts("Be brief.", view) == "Be brief.\n\nFacts you know now:\n- weather: It rains."
+
+
+def test_a_question_about_lore_gets_the_sentence_that_answers_it_first() -> None:
+    # The NPC's line opens with the retrieved entry's sentence most like the question, a whole
+    # sentence (not a part after ";"); a line that asks nothing, or finds no lore, gets none.
+    assert embedder is not None
+    lore = {
+        "the lighthouse": (
+            "The lighthouse stands on the north cape. Old Brann kept it for forty years; his eyes failed."
+        ),
+        "the old mill": MILL,
+    }
+
+    def lead(line: str) -> str | None:
+        return lore_lead(embedder, lore, line, retrieve_lore(embedder, lore, line))
+
+    assert lead("Who kept the lighthouse?") == "Old Brann kept it for forty years; his eyes failed."
+    assert lead("Tell me about the mill") == MILL
+    assert lead("I'll have the mill's bread.") is None  # not a question
+    assert lead("Nice weather today?") is None  # nothing retrieved
+    fen = {"the fen": "a healer lives alone in the fen; folk call her a witch."}
+    assert lore_lead(embedder, fen, "Who is the witch?", [("the fen", 0.9)]) == fen["the fen"].capitalize()

@@ -69,6 +69,7 @@ class TurnProgress:
     usage: Usage = field(default_factory=Usage)
     warnings: list[str] = field(default_factory=list)
     routing: m.RoutingInfo | None = None  # how the first step chose its tool (_routing.py)
+    lead: str | None = None  # the lore sentence the line opens with (_routing.lore_lead)
 
     def warn(self, warning: str) -> None:
         """Add a warning for turn/completed, once however often it happens."""

@@ -36,6 +36,7 @@ from bridge.core.agent._routing import (
     Route,
     default_embedder,
     embedder_ready,
+    lore_lead,
     resolve_policy,
     retrieve_lore,
     route,
@@ -280,7 +281,7 @@ async def _steps(npc: Npc, turn: Turn) -> None:
     working = list(turn.resume) if turn.resume else [Message(role="user", content=p.prompt, name=turn.speaker)]
     progress = TurnProgress(working, await npc.window.messages_tokens(working), schema=p.schema)
     if not turn.resume or all(msg.role == "user" for msg in turn.resume):  # not mid-turn (a host's resume)
-        progress.routing = await _route(npc, p)
+        progress.routing, progress.lead = await _route(npc, p)
     while True:
         # The world as this step sees it: a change after this line applies from the next step.
         view = npc.view()
@@ -320,33 +321,42 @@ def _policy(npc: Npc, p: m.RespondParams) -> Literal["model", "semantic"]:
     return resolve_policy(p.routing or npc.config.routing, weak_tool_choice(npc.engine))
 
 
-async def _route(npc: Npc, p: m.RespondParams) -> m.RoutingInfo | None:
+async def _route(npc: Npc, p: m.RespondParams) -> tuple[m.RoutingInfo | None, str | None]:
     """Who chooses the first step's tool (``routing``): the model, or the bridge from the
     player's line; and under ``semantic``, the lore the line calls for (in a worker thread:
-    embedding is CPU work). None: no tool to choose and no lore to find."""
-    lore = {k: render_value(v) for k, v in npc.view().lore.items()} if p.prompt else {}
+    embedding is CPU work), with the lore sentence the line opens with (``lore_lead``). None:
+    no tool to choose and no lore to find."""
+    view = npc.view()
+    lore = {k: render_value(v) for k, v in view.lore.items()} if p.prompt else {}
+    facts = {k: render_value(v) for k, v in view.facts.items()} if p.prompt and p.schema is None else {}
     routed = p.tool_choice in ("auto", "tool_or_answer") and bool(npc.tools) and bool(p.prompt)
-    if not routed and not lore:
-        return None
+    if not routed and not lore and not facts:
+        return None, None
     embedder = embedder_ready()
     if embedder is None and _policy(npc, p) == "semantic":
         embedder = await trio.to_thread.run_sync(default_embedder)
     if embedder is None or _policy(npc, p) == "model":
-        return m.RoutingInfo(policy="model")
+        return m.RoutingInfo(policy="model"), None
     tools = list(npc.tools.values()) if routed else []
-    got, found = await trio.to_thread.run_sync(_route_and_retrieve, embedder, tools, p.prompt, lore)
+    got, found, lead = await trio.to_thread.run_sync(_route_and_retrieve, embedder, tools, p.prompt, lore, facts)
     keys = [k for k, _ in found]
     if got is None:
-        return m.RoutingInfo(policy="semantic", lore=keys)
-    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score, lore=keys)
+        return m.RoutingInfo(policy="semantic", lore=keys), lead
+    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score, lore=keys), lead
 
 
 def _route_and_retrieve(
-    embedder: Embedder, tools: list[ToolSpec], line: str, lore: dict[str, str]
-) -> tuple[Route | None, list[tuple[str, float]]]:
-    """In a worker thread: the first step's tool among ``tools`` (None: none to choose) and the
-    lore entries (among what the NPC sees) most similar to the line."""
-    return (route(embedder, tools, line) if tools else None), retrieve_lore(embedder, lore, line)
+    embedder: Embedder, tools: list[ToolSpec], line: str, lore: dict[str, str], facts: dict[str, str]
+) -> tuple[Route | None, list[tuple[str, float]], str | None]:
+    """In a worker thread: the first step's tool among ``tools`` (None: none to choose), the
+    lore entries (among what the NPC sees) most similar to the line, and the sentence the line
+    opens with (``lore_lead``): of that lore, else of the NPC's facts (the storm, asked about
+    the weather)."""
+    found = retrieve_lore(embedder, lore, line)
+    lead = lore_lead(embedder, lore, line, found)
+    if lead is None and facts:
+        lead = lore_lead(embedder, facts, line, retrieve_lore(embedder, facts, line, max_entries=1))
+    return (route(embedder, tools, line) if tools else None), found, lead
 
 
 async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: View) -> tuple[StepRequest, int, int]:
@@ -376,6 +386,8 @@ async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: V
         speaker=npc.config.persona.name if npc.config.persona else None,
         max_calls=call_room(p, progress) if tools else None,
         pinned=step_pins(p, progress, tools),
+        # the lore sentence the line opens with: on a step that speaks before any tool round
+        lead=progress.lead if progress.rounds == 0 and mode == "disallowed" and progress.schema is None else None,
     )
     return req, dropped, fixed + visible
 

@@ -69,6 +69,10 @@ Grammar = tuple[str | None, tuple[str, ...]]  # (GBNF text or None for free text
 # other engines ignore the keyword.
 PROSE = "x-oam-prose"
 PROSE_PATTERN = r"^[A-Z][a-z']*( [A-Za-z0-9,'-]+){2,30}[.!]$"
+# ``"x-oam-prose": "reason"``: the same without commas, opening with "Because the" (a
+# decision's reasoning; the bundled model otherwise writes a line of dialogue there, "Let's
+# talk about the storm.", or runs on: "Because the stranger, but I'm Bram").
+REASON_PATTERN = r"^Because the( [A-Za-z0-9'-]+){2,30}[.!]$"
 
 
 def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | None) -> Any:
@@ -91,11 +95,11 @@ def for_grammar(schema: Any, where: str, warnings: list[str], string_max: int | 
         else:
             out[key] = val
     if (
-        out.get(PROSE) is True
+        out.get(PROSE) in (True, "reason")
         and out.get("type") == "string"
         and not any(k in out for k in ("enum", "const", "pattern", "format"))
     ):
-        out["pattern"] = PROSE_PATTERN
+        out["pattern"] = REASON_PATTERN if out[PROSE] == "reason" else PROSE_PATTERN
         out.pop("maxLength", None)
     bounded = any(k in out for k in ("maxLength", "enum", "const", "pattern", "format"))
     if string_max is not None and out.get("type") == "string" and not bounded:
@@ -282,13 +286,16 @@ class CallSniffer:
 
 def complete_calls(text: str) -> list[dict[str, Any]]:
     """The calls in a (possibly cut-off) ``{"tool_calls":[...]}`` text: every call object
-    that was generated whole. The grammar makes each one valid, so only a call cut off by
+    that was generated whole, each once: a small model repeats a call in one batch
+    (``get_menu`` four times for "What's on the menu?"), and the same name with the same
+    arguments is one call. The grammar makes each one valid, so only a call cut off by
     ``maxTokens`` is lost, never the ones before it."""
     start = text.find("[")
     if start < 0:
         return []
     dec = json.JSONDecoder()
     calls: list[dict[str, Any]] = []
+    seen: set[str] = set()
     i = start + 1
     while True:
         while i < len(text) and text[i] in " \t\r\n,":
@@ -300,5 +307,8 @@ def complete_calls(text: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             break
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            calls.append(obj)
+            key = json.dumps([obj["name"], obj.get("arguments") or {}], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                calls.append(obj)
     return calls

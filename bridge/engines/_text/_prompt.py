@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.engines.base import Message, ToolSpec, user_text
@@ -170,6 +171,8 @@ def values_to_say(outputs: list[Any]) -> list[str]:
             for k, x in v.items():
                 walk(str(k), x)
         elif isinstance(v, list):
+            if any(isinstance(x, dict) and _entry(x) is not None for x in v):
+                return  # a menu's prices: said with their entries (``entries_to_say``)
             for x in v:
                 walk(key, x)
         elif (text := _said_number(key, v)) is not None:
@@ -179,6 +182,98 @@ def values_to_say(outputs: list[Any]) -> list[str]:
         walk(None, out)
     said = list(dict.fromkeys(said))
     return said if len(said) <= SAY_MAX_VALUES else []
+
+
+# The entries of a list the tools answered (a menu, a shop's wares) that a line must name
+# with their price or count (``entries_to_say``): the ones the player's line names, or, when
+# it names none, the first ``LIST_MAX_ENTRIES``.
+LIST_MAX_ENTRIES = 4
+ENTRY_MAX_CHARS = 40  # a longer string is a description, not a name
+# A key's words that make its string an entry's name, its price, or its count.
+NAME_KEYS = frozenset({"name", "item", "title", "dish", "drink", "food", "product", "label", "ware", "good"})
+PRICE_KEYS = frozenset({"price", "cost", "fee", "reward", "pay", "toll", "charge"})
+COUNT_KEYS = frozenset({"count", "qty", "quantity", "stock", "left", "amount", "number", "available"})
+UNIT_KEYS = frozenset({"currency", "coin", "coins", "unit", "units"})
+_FILLER = frozenset({"the", "a", "an", "of", "and", "with", "for", "some", "bowl", "cup", "mug", "pint", "glass"})
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a list a tool answered, as a line names it: ``name`` ("lamb stew"),
+    ``detail`` ("5 copper", or a count), and ``text``, the two in one phrase ("lamb stew for
+    5 copper", "3 lamb stew")."""
+
+    name: str
+    detail: str
+    text: str
+
+
+def _key_words(key: str) -> set[str]:
+    return set(re.split(r"[\s-]+", _key(key)))
+
+
+def _entry(record: dict[str, Any]) -> Entry | None:
+    """``record`` as an entry a line names, if it has a name and a price or a count."""
+    name = price = count = unit = None
+    for k, v in record.items():
+        words = _key_words(str(k))
+        if isinstance(v, str) and not 0 < len(v.strip()) <= ENTRY_MAX_CHARS:
+            continue
+        if isinstance(v, str) and name is None and words & NAME_KEYS:
+            name = v.strip()
+        elif isinstance(v, str) and unit is None and words & UNIT_KEYS:
+            unit = v.strip()
+        elif price is None and words & PRICE_KEYS and isinstance(v, (int, float, str)) and not isinstance(v, bool):
+            price = v if isinstance(v, str) else _said_number(None, v)
+        elif count is None and words & COUNT_KEYS and not isinstance(v, (str, bool)):
+            count = _said_number(None, v) if isinstance(v, (int, float)) else None
+    if name is None:
+        return None
+    if price is not None:
+        detail = f"{price} {unit}" if unit and re.fullmatch(r"[\d.]+", price) else price
+        return Entry(name, detail, f"{name} for {detail}")
+    if count is not None:
+        return Entry(name, count, f"{count} {name}")
+    return None
+
+
+def _named(name: str, words: set[str]) -> bool:
+    """Whether a player's line (its ``words``) names the entry ``name``: one of the name's
+    own words ("stew" for "lamb stew"), a plural's "s" aside."""
+    own = {w for w in re.findall(r"[a-z]+", name.lower()) if w not in _FILLER and len(w) > 2}
+    return bool(own & words)
+
+
+def entries_to_say(outputs: list[Any], player: str) -> list[Entry]:
+    """The entries of lists in the tool outputs ``outputs`` (decoded JSON) that a line must
+    name with their price or count: a menu's dishes, a shop's wares, records with a name (under
+    a key such as ``item`` or ``name``) and a price or a count. The entries ``player``'s line
+    names ("How much is the mead?": the mead), or, when it names none ("What can I buy?"), the
+    first ``LIST_MAX_ENTRIES`` of the first list; in the list's order, each once."""
+    lists: list[list[Entry]] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            entries = [e for x in v if isinstance(x, dict) and (e := _entry(x)) is not None]
+            if entries:
+                lists.append(entries)
+            else:
+                for x in v:
+                    walk(x)
+
+    for out in outputs:
+        walk(out)
+    words = set()
+    for w in re.findall(r"[a-z]+", player.lower()):
+        words.add(w)
+        if len(w) > 3 and w.endswith("s"):
+            words.add(w[:-1])
+    asked = [e for entries in lists for e in entries if _named(e.name, words)]
+    said = asked or (lists[0][:LIST_MAX_ENTRIES] if lists else [])
+    return list(dict.fromkeys(said))
 
 
 def turn_start(messages: list[Message]) -> int:
@@ -297,18 +392,22 @@ class PromptRenderer:
         return list(dict.fromkeys(values))
 
     @staticmethod
-    def said_values(messages: list[Message]) -> list[str]:
+    def said_values(messages: list[Message]) -> list[str | Entry]:
         """The values the NPC's line must say (``Sampling`` makes sure it does): the counts and
         amounts the game's tools answered in the turn being generated, as they would be said
-        (``3``, ``2.5``). See ``values_to_say`` for which numbers qualify."""
+        (``3``, ``2.5``), and the entries of a list they answered that the player asked about,
+        with their prices (``mead for 3 copper``). See ``values_to_say`` and
+        ``entries_to_say`` for which qualify."""
+        start = turn_start(messages)
         outputs = []
-        for m in messages[turn_start(messages) + 1 :]:
+        for m in messages[start + 1 :]:
             if m.role == "tool" and not m.is_error:
                 try:
                     outputs.append(json.loads(m.content))
                 except ValueError:
                     pass
-        return values_to_say(outputs)
+        player = user_text(messages[start]) if start >= 0 else ""
+        return [*values_to_say(outputs), *entries_to_say(outputs, player)]
 
     @staticmethod
     def chat_messages(system: str, messages: list[Message]) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from bridge.engines.base import (
 )
 from bridge.engines.llama._cpu import variant as cpu_variant
 from bridge.engines.llama._model import (
+    MODEL_FILE,
     availability,
     default_model_path,
     extra_buffers_default,
@@ -114,7 +115,11 @@ class LlamaEngine:
         the KV cells they share, and the longest prompt and answer of one NPC."""
         self.model_path = model_path or default_model_path()
         # The bundled SmolLM2 chooses tools badly: the bridge routes its first steps (base.py).
-        self.weak_tool_choice = os.path.abspath(self.model_path) == os.path.abspath(default_model_path())
+        # Not another model in its place (a frozen build's DIST_MODEL=NAME, $OAM_LLAMA_MODEL).
+        self.weak_tool_choice = (
+            os.path.abspath(self.model_path) == os.path.abspath(default_model_path())
+            and os.path.basename(self.model_path) == MODEL_FILE
+        )
         ok, reason = availability(self.model_path)
         self._available, self._reason = ok, reason
         self._llm: Any = None
@@ -294,6 +299,7 @@ class LlamaEngine:
                 recent,
                 unlabel,
                 say,
+                request.lead if spoken else None,
             )
             if done is not None:
                 emit(("done", *done))

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from bridge.engines._text._prompt import Entry
 from bridge.engines.base import GenerationOptions, Usage
 from bridge.engines.llama._batch import Job, Scheduler
 from bridge.engines.llama._lines import NUMBER_WORDS, SpokenLine, StopMarkers, value_pattern
@@ -82,6 +83,7 @@ _INTRO = re.compile(r"(?:\bI['’]m|\bI am|\bmy name is|\bname['’]s|\bcall me|
 # Sampling._ground.
 _ENDS = re.compile(rb"[.!?\n\r]|\xe2\x80\xa6")
 _GLUED = re.compile(rb"\w|[.,:/]\d")
+_DIGIT = re.compile(rb"\d|\xc2[\xbc-\xbe]|\xe2\x85[\x90-\x9e]")  # digits, "½", "⅓"
 # Capitalized words that follow "I'm" without being a name.
 _NOT_NAMES = frozenset(
     {
@@ -172,6 +174,7 @@ class Generator:
         braces: list[int] = []
         enders: list[int] = []
         glued: list[int] = []
+        digits: list[int] = []
         for tok in range(llm.n_vocab()):
             if llama_cpp.llama_vocab_is_eog(vocab, tok):
                 enders.append(tok)
@@ -186,12 +189,15 @@ class Generator:
                 enders.append(tok)
             if _GLUED.match(p):
                 glued.append(tok)
+            if _DIGIT.search(p):
+                digits.append(tok)
         self._banned = {
             False: np.array(control, dtype=np.intc),
             True: np.array(sorted(control + braces), dtype=np.intc),
         }
         self._enders = np.array(enders, dtype=np.intc)
         self._glued = np.array(glued, dtype=np.intc)
+        self._digits = np.array(digits, dtype=np.intc)
 
     def candidates(self, row: Any, pre: Any) -> Any:
         """The vocabulary's candidates with the logits of ``row``, after the chain ``pre``
@@ -307,7 +313,8 @@ class Generator:
         boost: dict[int, float] | None = None,
         recent: list[int] | None = None,
         unlabel: bool = False,
-        say: list[str] | None = None,
+        say: list[str | Entry] | None = None,
+        lead: str | None = None,
     ) -> tuple[Usage, str] | None:
         """Runs one step: emits ``("text", delta)`` items, returns (usage, finish reason),
         or None when stopped before the prompt was read. ``spoken``: the answer is a line of
@@ -319,7 +326,8 @@ class Generator:
         step without a grammar, whose state they would not fit); ``unlabel``: other speakers'
         lines are in the prompt, so a ``Name:`` label the model starts the line with is
         dropped (``SpokenLine``); ``say``: values a spoken line must say in its first
-        sentence (``Sampling._ground``)."""
+        sentence (``Sampling._ground``); ``lead``: a sentence a spoken line without a grammar
+        opens with (the lore that answers the player's line)."""
         from llama_cpp.llama_grammar import LlamaGrammar
 
         llm = self.llm
@@ -328,7 +336,7 @@ class Generator:
         if stop.is_set():
             return None
         grammar = LlamaGrammar.from_string(grammar_text, verbose=False) if grammar_text else None
-        step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel, say)
+        step = Sampling(self, tokens, grammar, opts, spoken, speaker, emit, boost, recent, unlabel, say, lead)
         # KV cells the answer may take: a spoken line can become a call batch (see Sampling)
         reserve = min(
             max(step.limit, DEFAULT_MAX_TOKENS if spoken and not opts.max_tokens else 0), self.n_ctx - len(tokens)
@@ -356,6 +364,52 @@ class Value:
         self.spaced = [t for w in words if (t := tokenize(" " + w))]
         self.bare = [t for w in words if (t := tokenize(w))]
 
+    def forms(self, said: str, bare: bool) -> list[list[int]]:
+        """The tokens that could say it next, after the line's text ``said``: a number's
+        word ("three") never opens the line (it would be in lower case)."""
+        forms = self.bare if bare else self.spaced
+        return forms if said.strip() else forms[:1]
+
+
+class EntryValue(Value):
+    """An entry of a list the tools answered that a line must name with its price or count
+    (``_prompt.entries_to_say``: "mead for 3 copper"). Said where the line names it and its
+    detail close together, in either order ("the mead is 3 copper", "3 copper for the mead").
+    Its forms: the whole phrase (capitalised where a sentence starts); ", " or " and " before
+    it right after another entry, so a list reads as one; and the detail alone ("3 copper",
+    "for 3 copper") right after the line has named the entry itself ("The mead is")."""
+
+    __slots__ = ("name", "named", "joined", "detail", "opening")
+
+    def __init__(self, entry: Entry, tokenize: Callable[[str], list[int]]) -> None:
+        self.text, self.name = entry.text, entry.name
+        own = [w for w in re.findall(r"[\w']+", entry.name.lower()) if len(w) > 2] or [entry.name.lower()]
+        name = "|".join(re.escape(w) for w in sorted({entry.name.lower(), *own}, key=len, reverse=True))
+        number, _, unit = entry.detail.partition(" ")
+        detail = value_pattern(number).pattern if re.fullmatch(r"[\d.]+", number) else re.escape(number)
+        detail += r"\s*" + re.escape(unit) if unit else ""
+        gap = r"[^.!?\n]"
+        self.pattern = re.compile(
+            rf"\b(?:{name})\w*\b{gap}{{0,40}}?{detail}(?!\w)|{detail}(?!\w){gap}{{0,25}}?\b(?:{name})", re.I
+        )
+        self.named = re.compile(rf"\b(?:{name})\w*[^.!?\n\d]{{0,18}}$", re.I)  # the line has just named it
+        self.spaced = [tokenize(" " + entry.text)]
+        self.bare = [tokenize(entry.text)]
+        self.opening = [tokenize(entry.text[:1].upper() + entry.text[1:])]
+        self.joined = [tokenize(", " + entry.text), tokenize(", and " + entry.text), tokenize(" and " + entry.text)]
+        self.detail = [tokenize(" " + entry.detail), tokenize(" for " + entry.detail)]
+
+    def forms(self, said: str, bare: bool, after_entry: bool = False, last: bool = False) -> list[list[int]]:
+        """As ``Value.forms``; ``after_entry``: the line has just said another entry, and
+        ``last``: this is the list's last entry to say (", and ...")."""
+        if self.named.search(said[-40:]):
+            return self.detail
+        if after_entry:
+            return self.joined[1:] if last else self.joined[:1]
+        if bare and (not said.strip() or said.rstrip()[-1:] in ".!?"):
+            return self.opening
+        return self.bare if bare else self.spaced
+
 
 class Sampling:
     """One step's token choice, called by the scheduler with the step's row of logits after
@@ -376,7 +430,8 @@ class Sampling:
         boost: dict[int, float] | None,
         recent: list[int] | None,
         unlabel: bool,
-        say: list[str] | None = None,
+        say: list[str | Entry] | None = None,
+        lead: str | None = None,
     ) -> None:
         import numpy as np
 
@@ -424,11 +479,21 @@ class Sampling:
         def tokenize(text: str) -> list[int]:
             return list(llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
-        self.say = [Value(v, tokenize) for v in say or []] if spoken else []  # not said yet
+        self.say = (
+            [  # not said yet
+                EntryValue(v, tokenize) if isinstance(v, Entry) else Value(v, tokenize) for v in say or []
+            ]
+            if spoken
+            else []
+        )
+        self.entry_end = -1  # where the last entry said ends (EntryValue: a list goes on with ", ")
+        self.listed = False  # every entry to say is said (_check_said): no digits after them
         self.pressed = -1  # tokens since the model would have ended the sentence (-1: it has not)
         self.guard = -1  # where a value just said ends: the next tokens may not glue onto it
         self.how: list[tuple[str, str]] = []  # (value, how it came to be said): see _ground
         self.offered: dict[int, list[int]] = {}  # this token's favoured value starts (_ground)
+        if lead and spoken and grammar is None:
+            self.forced = tokenize(lead.strip())  # said first, as the model's own words
         self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.markers = StopMarkers(gen.markers)  # the template's markers: the step ends there
 
@@ -536,15 +601,31 @@ class Sampling:
         # digits are favoured; a word ("three") is said where the model finds it likely, never
         # to open the line (it would be in lower case).
         bare = not last or last.isspace() or last in _OPENERS
+        # a list under way: the next entry joins it (", mead for 3 copper"), unless the line
+        # has just joined it itself
+        after_entry = self.entry_end >= 0 and not self.said.rstrip().endswith((",", ";", ":", " and", " or"))
         starts: dict[int, tuple[Value, list[int]]] = {}
+        firsts: set[int] = set()
         for v in self.say:
-            for i, form in enumerate(v.bare if bare else v.spaced):
-                if i == 0 or self.said.strip():
-                    starts.setdefault(form[0], (v, form))  # a start two values share: the first's
-        digits = {(v.bare if bare else v.spaced)[0][0] for v in self.say if (v.bare if bare else v.spaced)}
-        row[np.fromiter(digits, dtype=np.intc, count=len(digits))] += SAY_BIAS
+            if isinstance(v, EntryValue):
+                final = sum(isinstance(x, EntryValue) for x in self.say) == 1
+                forms = [f for f in v.forms(self.said, bare, after_entry, final) if f]
+            else:
+                forms = [f for f in v.forms(self.said, bare) if f]
+            if forms:
+                firsts.add(forms[0][0])
+            for form in forms:
+                starts.setdefault(form[0], (v, form))  # a start two values share: the first's
+        row[np.fromiter(firsts, dtype=np.intc, count=len(firsts))] += SAY_BIAS
+        if any(isinstance(v, EntryValue) for v in self.say):  # the model's own numbers would be invented prices
+            kept = np.fromiter(starts, dtype=np.intc, count=len(starts))
+            logits = row[kept].copy()
+            row[gen._digits] = -np.inf
+            row[kept] = logits
         self.offered = {tok: form for tok, (_v, form) in starts.items()}
         if line.passthrough is None:  # a line that opens with the number runs into sums ("4 * 10")
+            return None
+        if not starts:
             return None
         ids = np.fromiter(starts, dtype=np.intc, count=len(starts))
         best = float(row.max())
@@ -582,6 +663,12 @@ class Sampling:
             self.pressed = -1
             if m.end() == len(self.said):
                 self.guard = m.end()
+                if isinstance(v, EntryValue):
+                    self.entry_end = m.end()
+            if isinstance(v, EntryValue) and not self.say:
+                self.listed = True
+                if self.line is not None:
+                    self.line.soft_tokens = 0  # the line ends with the sentence that lists them
             for form in v.spaced + v.bare:
                 self.boost.pop(form[0], None)
             self._boosts()
@@ -677,6 +764,10 @@ class Sampling:
         if len(self.boost_ids):
             row[self.boost_ids] += self.boost_by
         row[self.bans] = -np.inf
+        if self.listed:  # a list's entries are said with their prices: no price of its own after them
+            row[self.gen._digits] = -np.inf
+            if self.entry_end == len(self.said):
+                row[self.gen._enders] += SAY_BIAS  # and the sentence that lists them ends there
         if self.seen:
             ids = np.fromiter(self.seen, dtype=np.intc, count=len(self.seen))
             x = row[ids]
