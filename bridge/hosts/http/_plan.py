@@ -1,13 +1,19 @@
 """The mapping between OpenAI's chat completion JSON and the service's types for ``oam serve``
-(``app``): plain functions with no I/O. ``plan_chat`` reads a request body into a
-``ChatPlan`` (or refuses it with ``invalid_request``, naming the parameter); ``completion``,
-``chunk``, ``usage_json`` and ``error_body`` write the response bodies, ``sse`` frames a
-streamed one. docs/http.md is the contract.
+(``app``): plain functions with no I/O. ``parse_chat`` reads a request body (``decode_body``,
+bounded in depth, then ``plan_chat``) into a ``ChatPlan``, or refuses it with
+``invalid_request``, naming the parameter; ``completion``, ``chunk``, ``usage_json`` and
+``error_body`` write the response bodies, ``sse`` frames a streamed one; ``StopScan`` cuts a
+step's text at a ``stop`` sequence; ``turn_failure`` says what a failed turn answers (a
+forced call or a JSON answer cut off by the token budget is ``max_tokens_reached``, 422: the
+same request fails the same way, so it is not retryable). ``Refusal`` carries the codes only
+this host has (``HTTP_ONLY``). docs/http.md is the contract.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +21,41 @@ from typing import Any
 import msgspec
 
 from bridge.core import _messages as m
+from bridge.engines._text._grammar import CALL_PREFIX
 from bridge.engines.base import GenerationOptions, Message, ToolCall, ToolSpec
 from bridge.errors import HTTP_STATUS, BridgeError
 
-# Parameters taken as they are.
+# Deeper JSON is refused (invalid_request, reason too_deep), as the JSON-RPC host refuses a
+# line nested deeper than its limits.maxNestingDepth (invalid_message, reason too_deep).
+MAX_NESTING_DEPTH = 100
+
+# The codes only this host has (not in the error table every host shares): their status.
+HTTP_ONLY: dict[str, int] = {
+    "invalid_api_key": 401,
+    "host_not_allowed": 403,
+    "origin_not_allowed": 403,
+    "request_timeout": 408,
+    "unsupported_media_type": 415,
+    "max_tokens_reached": 422,
+}
+
+
+class Refusal(Exception):
+    """A refusal with one of ``HTTP_ONLY``'s codes (never retryable)."""
+
+    def __init__(
+        self, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.status = HTTP_ONLY[code]
+        self.headers = headers or {}
+
+
+# Parameters taken as they are (``stop`` and the sampling fields below are taken where the
+# engine honours them).
 SUPPORTED = frozenset(
     {
         "model",
@@ -39,8 +76,9 @@ SUPPORTED = frozenset(
         "script",
     }
 )
-# Parameters accepted only at the value that changes nothing (null counts as absent too):
-# any other value is refused, never ignored.
+# Parameters accepted at the value that changes nothing (null counts as absent too); any
+# other value is taken only where the request's engine honours it (``HONOURED``), refused
+# otherwise, never ignored.
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "presence_penalty": lambda v: v == 0,
     "frequency_penalty": lambda v: v == 0,
@@ -48,6 +86,58 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: v == {},
     "stop": lambda v: v == [],
     "store": lambda v: v is False,
+}
+
+
+def _is_number(v: Any, low: float, high: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
+
+
+MAX_STOP_CHARS = 128  # the longest stop sequence: the scan holds back up to that much text
+
+
+def _is_stop(v: Any) -> bool:
+    if isinstance(v, str):
+        v = [v]
+    return isinstance(v, list) and len(v) <= 4 and all(isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in v)
+
+
+# The fields an engine may honour: what a value must be (checked first, whatever the engine).
+VALID: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stop": (_is_stop, f"a string or a list of at most 4 strings, each of 1 to {MAX_STOP_CHARS} characters"),
+    "presence_penalty": (lambda v: _is_number(v, -2, 2), "a number from -2 to 2"),
+    "frequency_penalty": (lambda v: _is_number(v, -2, 2), "a number from -2 to 2"),
+    "logit_bias": (
+        lambda v: isinstance(v, dict) and all(_is_number(x, -100, 100) for x in v.values()),
+        "an object of token ids to numbers from -100 to 100",
+    ),
+    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer, 0 or more"),
+    "min_p": (lambda v: _is_number(v, 0, 1), "a number from 0 to 1"),
+}
+
+
+def _anything(_: Any) -> bool:
+    return True
+
+
+# The llama engine samples with these (bridge/engines/llama/_worker.py; a test keeps them equal).
+LLAMA_TOP_K = 40
+LLAMA_MIN_P = 0.05
+
+# Per engine, the values of those fields it honours beyond the neutral ones. ``stop`` is the
+# server's own (it cuts the answer, whatever the engine); the scripted engine samples nothing,
+# so every sampling value holds there; the llama engine's top-k and min-p are fixed; the
+# openai engine cannot pass these fields on, nor the native one to Apple's model.
+HONOURED: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "scripted": {name: _anything for name in VALID},
+    "llama": {"stop": _anything, "top_k": lambda v: v == LLAMA_TOP_K, "min_p": lambda v: v == LLAMA_MIN_P},
+    "openai": {"stop": _anything},
+    "native": {"stop": _anything},
+}
+UNHONOURED_WHY = {
+    "llama": f"it samples with top_k {LLAMA_TOP_K} and min_p {LLAMA_MIN_P}, and no penalties or logit bias",
+    "openai": "the openai engine passes on temperature, top_p, seed and max_tokens only",
+    "native": "Apple's model takes temperature, seed and max_tokens only",
 }
 
 
@@ -60,6 +150,40 @@ OPTIONS = {
     "max_tokens": "maxTokens",
     "max_completion_tokens": "maxTokens",
 }
+
+
+def too_deep(param: str | None = None) -> BridgeError:
+    where = f"{param} is" if param else "the request body is"
+    return refuse(f"{where} nested deeper than {MAX_NESTING_DEPTH} levels", param, "too_deep")
+
+
+def nesting_ok(obj: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
+    """Whether ``obj`` (decoded JSON) nests at most ``limit`` deep (a scalar is 1 deep)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            return False
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+    return True
+
+
+def decode_body(data: bytes) -> Any:
+    """A request body as JSON, at most ``MAX_NESTING_DEPTH`` deep; ``invalid_request``
+    otherwise (``reason`` ``not_json`` or ``too_deep``)."""
+    try:
+        body = msgspec.json.decode(data)
+    except RecursionError:
+        raise too_deep() from None
+    except msgspec.DecodeError as e:
+        raise refuse(f"the request body is not valid JSON: {e}", None, "not_json") from None
+    # a body shorter than the limit cannot nest that deep: skip the walk
+    if len(data) > MAX_NESTING_DEPTH and not nesting_ok(body):
+        raise too_deep()
+    return body
 
 
 def refuse(message: str, param: str | None = None, reason: str = "invalid_value") -> BridgeError:
@@ -89,6 +213,13 @@ class ChatPlan:
     stream: bool = False
     include_usage: bool = False
     script: list[Any] | None = None
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these
+    budget_param: str | None = None  # the field that set the token budget, if one did
+    # The conversation (``conversation_key``): all its messages, and those before its last
+    # assistant message (None: it has none). A request whose ``prefix_key`` is an earlier
+    # request's ``key`` continues that request's conversation.
+    key: str | None = None
+    prefix_key: str | None = None
 
 
 def _text(content: Any, where: str) -> str:
@@ -123,18 +254,33 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
             raise refuse(f"{at} needs an id and a function name", at)
         args = fn.get("arguments", "{}")
         try:
-            parsed = json.loads(args) if isinstance(args, str) else None
-        except ValueError:
+            parsed = msgspec.json.decode(args) if isinstance(args, str) else None
+        except RecursionError:
+            raise too_deep(f"{at}.function.arguments") from None
+        except msgspec.DecodeError:
             parsed = None
         if not isinstance(parsed, dict):
             raise refuse(f"{at}.function.arguments must be a JSON object in a string", at)
+        if len(args) > MAX_NESTING_DEPTH and not nesting_ok(parsed):
+            raise too_deep(f"{at}.function.arguments")
         calls.append(ToolCall(id=c["id"], name=fn["name"], arguments=parsed))
     return calls
 
 
-def _conversation(messages: Any) -> tuple[str | None, list[Message]]:
+_KEY_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def conversation_key(entries: list[Any]) -> str:
+    """A digest of messages as ``_conversation`` reads them: clients that send back what the
+    server answered in another form (a null content, other key order, extra fields, arguments
+    re-serialized) still name the same conversation."""
+    return hashlib.sha256(_KEY_ENCODER.encode(entries)).hexdigest()
+
+
+def _conversation(messages: Any, entries: list[Any] | None = None) -> tuple[str | None, list[Message]]:
     """The system text and the rest as transcript messages, with every tool call answered
-    by a tool message (matched by id) before the next user or assistant message."""
+    by a tool message (matched by id) before the next user or assistant message.
+    ``entries``, if given, gets each message as ``conversation_key`` reads it."""
     if not isinstance(messages, list) or not messages:
         raise refuse("messages must be a non-empty list", "messages")
     system: list[str] = []
@@ -154,6 +300,8 @@ def _conversation(messages: Any) -> tuple[str | None, list[Message]]:
         role = msg.get("role")
         if role in ("system", "developer"):
             system.append(_text(msg.get("content"), at))
+            if entries is not None:
+                entries.append([role, system[-1]])
         elif role == "user":
             check_answered(at)
             name = msg.get("name")
@@ -191,6 +339,10 @@ def _conversation(messages: Any) -> tuple[str | None, list[Message]]:
                 at,
                 "unsupported_role",
             )
+        if entries is not None and role != "system" and role != "developer":
+            x = convo[-1]
+            calls_key = [[c.id, c.name, c.arguments] for c in x.tool_calls]
+            entries.append([x.role, x.content, x.name, calls_key, x.tool_call_id])
     check_answered("the end of messages")
     if not convo or convo[-1].role == "assistant":
         raise refuse(
@@ -269,30 +421,70 @@ def _schema(raw: Any) -> dict[str, Any] | None:
     raise refuse(f"response_format type {kind!r} is not supported (text, json_object, json_schema)", "response_format")
 
 
-def plan_chat(body: Any) -> ChatPlan:
-    """A chat completion request as the service runs it; ``invalid_request`` (400) for
-    anything malformed or unsupported, naming the parameter."""
-    if not isinstance(body, dict):
-        raise refuse("the request body must be a JSON object")
-    body = {k: v for k, v in body.items() if v is not None}  # null is absent, as OpenAI takes it
+def _check_fields(body: dict[str, Any], engine: str | None) -> None:
+    """Refuse the fields the server does not take, and the values of ``VALID``'s fields that
+    the request's engine (None: not known) does not honour, naming the field."""
+    honoured = HONOURED.get(engine or "", {})
     for key, value in body.items():
         if key in SUPPORTED:
             continue
+        check = VALID.get(key)
+        if check is not None and not check[0](value):
+            raise refuse(f"{key} must be {check[1]}", key)
         neutral = NEUTRAL.get(key)
-        if neutral is None:
+        if neutral is not None and neutral(value):
+            continue
+        honours = honoured.get(key)
+        if honours is not None and honours(value):
+            continue
+        if neutral is None and check is None:
             raise refuse(f"parameter {key!r} is not supported", key, "unsupported_parameter")
-        if not neutral(value):
+        if engine is None or check is None:
             raise refuse(
                 f"parameter {key!r} is not supported (only its default, which changes nothing)",
                 key,
                 "unsupported_parameter",
             )
+        why = UNHONOURED_WHY.get(engine, "")
+        raise refuse(
+            f"parameter {key!r} is not supported with this value on the {engine} engine" + (f" ({why})" if why else ""),
+            key,
+            "unsupported_parameter",
+        )
+
+
+def plan_chat(
+    body: Any,
+    engine_of: Callable[[str], str | None] | None = None,
+    conversation_keys: bool = False,
+    context_sizes: dict[str, int] | None = None,
+) -> ChatPlan:
+    """A chat completion request as the service runs it; ``invalid_request`` (400) for
+    anything malformed or unsupported, naming the parameter. ``engine_of``: the engine a
+    ``model`` names (None: no engine), which decides the values of ``stop`` and the sampling
+    fields taken (without it: only their neutral values). ``conversation_keys``: fill in
+    ``key`` and ``prefix_key``. ``context_sizes``: the context window of the engines known
+    (engine -> tokens): a history of more turns than the request's engine has tokens keeps
+    only its latest turns, as many as it has tokens (every turn costs a token at least, so
+    the window could never show the others: the NPC would drop them itself)."""
+    if not isinstance(body, dict):
+        raise refuse("the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}  # null is absent, as OpenAI takes it
     model = body.get("model")
+    engine = engine_of(model) if engine_of is not None and isinstance(model, str) and model else None
+    _check_fields(body, engine)
     if not isinstance(model, str) or not model:
         raise refuse('model is required: an engine name (GET /v1/models) or "auto"', "model")
     if body.get("n", 1) != 1:
         raise refuse("n must be 1: one choice per request", "n", "unsupported_parameter")
-    instructions, convo = _conversation(body.get("messages"))
+    entries: list[Any] | None = [] if conversation_keys else None
+    instructions, convo = _conversation(body.get("messages"), entries)
+    key = prefix_key = None
+    if entries is not None:
+        key = conversation_key(entries)
+        raw = body["messages"]
+        last_assistant = max((i for i, x in enumerate(raw) if x.get("role") == "assistant"), default=-1)
+        prefix_key = conversation_key(entries[:last_assistant]) if last_assistant >= 0 else None
     last_user = max((i for i, x in enumerate(convo) if x.role == "user"), default=-1)
     if convo[-1].role == "user":
         history, prompt, speaker, resume = convo[:-1], convo[-1].content, convo[-1].name, None
@@ -324,23 +516,147 @@ def plan_chat(body: Any) -> ChatPlan:
     script = body.get("script")
     if script is not None and not isinstance(script, list):
         raise refuse("script (the scripted engine's steps) must be a list", "script")
+    schema = _schema(body["response_format"]) if "response_format" in body else None
+    raw_stop = body.get("stop", [])
+    stop = (raw_stop,) if isinstance(raw_stop, str) else tuple(raw_stop)
+    if stop and schema is not None:
+        raise refuse(
+            "stop cannot cut a JSON answer (response_format), which must match its schema whole",
+            "stop",
+            "unsupported_parameter",
+        )
+    budget = next((k for k in ("max_completion_tokens", "max_tokens") if k in body), None)
     return ChatPlan(
         model=model,
-        engine=model,
+        engine=engine or model,
         instructions=instructions,
         tools=_tools(body["tools"]) if "tools" in body else [],
         options=options,
-        history=_turns(history),
+        history=_latest(_turns(history), (context_sizes or {}).get(engine or "")),
         prompt=prompt,
         speaker=speaker,
         resume=resume,
         tool_choice=_tool_choice(body["tool_choice"]) if "tool_choice" in body else "auto",
         max_tool_calls=8 if parallel else 1,
-        schema=_schema(body["response_format"]) if "response_format" in body else None,
+        schema=schema,
         stream=stream,
         include_usage=stream_options.get("include_usage") is True,
         script=script,
+        stop=stop,
+        budget_param=budget,
+        key=key,
+        prefix_key=prefix_key,
     )
+
+
+def _latest(turns: list[list[Message]], most: int | None) -> list[list[Message]]:
+    return turns[-most:] if most is not None and 0 < most < len(turns) else turns
+
+
+def parse_chat(
+    data: bytes,
+    engine_of: Callable[[str], str | None] | None = None,
+    conversation_keys: bool = False,
+    context_sizes: dict[str, int] | None = None,
+) -> ChatPlan:
+    """``decode_body`` then ``plan_chat``: the whole of reading a request, which the server
+    runs off its event loop for a large body."""
+    return plan_chat(decode_body(data), engine_of, conversation_keys, context_sizes)
+
+
+class StopScan:
+    """A step's streamed text cut before the first ``stop`` sequence: ``feed`` returns what
+    may be shown now, holding back an end that may be the start of a stop sequence; once one
+    is seen (``hit``) nothing more is shown. ``step_text`` is what was shown of the current
+    step (a delta with ``reset`` starts a new step, and shows what the last one held)."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.held = ""
+        self.step_text = ""
+        self.hit = False
+
+    def feed(self, delta: str, reset: bool = False) -> str:
+        if self.hit:
+            return ""
+        out = ""
+        if reset:
+            out, self.held, self.step_text = self.held, "", ""
+        text = self.held + delta
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            self.held = ""
+            self.step_text += text[:cut]
+            return out + text[:cut]
+        keep = max(
+            (n for s in self.stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
+            default=0,
+        )
+        shown, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        self.step_text += shown
+        return out + shown
+
+    def flush(self) -> str:
+        """At the turn's end: what is still held (it was no stop sequence)."""
+        out, self.held = self.held, ""
+        self.step_text += out
+        return out
+
+
+# What the agent and the engines say when a step's output was cut off by the token budget
+# (bridge/core/agent/_steering.py, bridge/engines/_text/_grammar.py; a test keeps them), and
+# when a step that had to call a tool ended without a call.
+CUT_OFF = "cut off by maxTokens"
+REQUIRED_NO_CALL = "without calling a tool on a step that required one"
+
+
+def _partial_call(text: str) -> bool:
+    """Whether a step's text is the start of a call batch (``{"tool_calls"...``): a forced call
+    that the token budget cut off before the engine could read it as a call."""
+    norm = "".join(text.split())
+    return bool(norm) and (norm.startswith(CALL_PREFIX) or CALL_PREFIX.startswith(norm))
+
+
+def turn_failure(plan: ChatPlan, error: m.ErrorInfo, step_text: str) -> BridgeError | Refusal:
+    """What a failed turn answers. A forced tool call or a JSON answer cut off by the token
+    budget (the message says so, or the step's text is the start of a call batch) is
+    ``max_tokens_reached`` (422, not retryable): the same request fails the same way."""
+    if error.code == "generation_failed" and (
+        CUT_OFF in error.message or (REQUIRED_NO_CALL in error.message and _partial_call(step_text))
+    ):
+        budget = plan.budget_param or "max_tokens"
+        return Refusal(
+            "max_tokens_reached",
+            f"{error.message}: the forced tool call or JSON answer did not fit in the token budget; raise {budget}",
+            plan.budget_param,
+        )
+    return BridgeError(error.code, error.message)
+
+
+class ScriptPositions:
+    """Where the server's script (``oam serve --script``) stands in each conversation: the
+    position after a request, by the request's ``key``, for the request that continues it
+    (its ``prefix_key``); the least recently used are forgotten past ``max_kept``."""
+
+    def __init__(self, steps: list[Any], max_kept: int = 4096) -> None:
+        self.steps = steps
+        self.max_kept = max_kept
+        self._at: OrderedDict[str, int] = OrderedDict()
+
+    def start(self, prefix_key: str | None) -> int:
+        if prefix_key is None or prefix_key not in self._at:
+            return 0
+        self._at.move_to_end(prefix_key)
+        return self._at[prefix_key]
+
+    def record(self, key: str | None, position: int) -> None:
+        if key is None:
+            return
+        self._at[key] = position
+        self._at.move_to_end(key)
+        while len(self._at) > self.max_kept:
+            self._at.popitem(last=False)
 
 
 def calls_json(records: list[m.ToolRecord], with_index: bool = False) -> list[dict[str, Any]]:
@@ -380,7 +696,27 @@ def usage_json(done: m.TurnCompleted) -> dict[str, int]:
 def completion(plan: ChatPlan, done: m.TurnCompleted, completion_id: str, created: int) -> dict[str, Any]:
     """The non-streamed response body for a completed turn."""
     calls = handed_calls(done)
-    message: dict[str, Any] = {"role": "assistant", "content": done.text if done.text or not calls else None}
+    return completion_body(
+        plan,
+        completion_id,
+        created,
+        done.text if done.text or not calls else None,
+        calls,
+        finish_reason(done),
+        usage_json(done),
+    )
+
+
+def completion_body(
+    plan: ChatPlan,
+    completion_id: str,
+    created: int,
+    content: str | None,
+    calls: list[m.ToolRecord],
+    finish: str,
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls_json(calls)
     return {
@@ -388,8 +724,8 @@ def completion(plan: ChatPlan, done: m.TurnCompleted, completion_id: str, create
         "object": "chat.completion",
         "created": created,
         "model": plan.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
-        "usage": usage_json(done),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": usage,
         "system_fingerprint": None,
     }
 
@@ -416,19 +752,35 @@ def chunk(
     return body
 
 
-def error_body(code: str, message: str, param: str | None = None, retryable: bool = False) -> dict[str, Any]:
-    """OpenAI's error shape, with the bridge's stable code in ``code``."""
-    status = HTTP_STATUS.get(code, 500)
+def error_body(
+    code: str, message: str, param: str | None = None, retryable: bool = False, reason: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error shape, with the bridge's stable code in ``code`` (and ``reason`` when the
+    code has several causes)."""
+    status = HTTP_STATUS.get(code) or HTTP_ONLY.get(code, 500)
     if 400 <= status < 500 and status not in (429, 499):
         kind = "invalid_request_error"
     else:
         kind = "rate_limit_error" if status == 429 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code, "retryable": retryable}}
+    error: dict[str, Any] = {"message": message, "type": kind, "param": param, "code": code, "retryable": retryable}
+    if reason is not None:
+        error["reason"] = reason
+    return {"error": error}
 
 
 def bridge_error_body(e: BridgeError) -> dict[str, Any]:
-    param = e.data.get("param")
-    return error_body(e.code, e.message, param if isinstance(param, str) else None, e.retryable)
+    param, reason = e.data.get("param"), e.data.get("reason")
+    return error_body(
+        e.code,
+        e.message,
+        param if isinstance(param, str) else None,
+        e.retryable,
+        reason if isinstance(reason, str) else None,
+    )
+
+
+def refusal_body(r: Refusal) -> dict[str, Any]:
+    return error_body(r.code, r.message, r.param)
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -436,6 +788,10 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-def model_json(name: str) -> dict[str, Any]:
-    """The model object of ``GET /v1/models`` for an engine name (or "auto")."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "oam-bridge"}
+def model_json(name: str, engine: str | None = None) -> dict[str, Any]:
+    """The model object of ``GET /v1/models`` for an engine name (or "auto"), or for the name
+    of the model an engine serves (``engine`` says which)."""
+    out: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "oam-bridge"}
+    if engine is not None:
+        out["engine"] = engine
+    return out
