@@ -24,6 +24,21 @@ hidden tools, validation, rollback): this engine sends each step as the agent bu
   ``model_unavailable``; 429: ``rate_limited``; a read timeout, a dropped connection, other
   5xx and malformed streams: ``generation_failed``; a 400 about the context length:
   ``context_size_exceeded``.
+- The stream is read as bytes (``_sse``): SSE lines end at CR, LF or CRLF only (a raw U+2028
+  inside an event's JSON is text), and each ``data:`` event is checked against the shape of a
+  ``chat.completion.chunk`` (msgspec structs); an event that is not JSON, not an object or has
+  a field of the wrong type fails the step ``generation_failed`` naming the field. The
+  ``finish_reason`` reaching the agent is ``stop``, ``length`` or ``tool_calls``, whatever the
+  server said (``content_filter`` aside).
+- Everything read is bounded: an error body to 64 KiB (the rest left unread, the connection
+  closed), ``GET /models`` to 4 MiB, a stream line to 4 MiB (the bridge's default
+  ``maxLineBytes``: the game's limits do not reach engines), a step's output to 32 characters
+  per ``maxTokens`` (at least 4096, at most 1 MiB; 1 MiB without ``maxTokens``) and 128 tool
+  calls, and a whole step to ``step_timeout_s`` (``--openai-step-timeout``, default 120 s;
+  ``: ping`` comments do not keep a step alive past it). A bound that is hit fails the step
+  ``generation_failed`` whose message starts with the reason (``stream_line_too_long``,
+  ``output_too_long``, ``step_timeout``; ``malformed_event`` and ``malformed_stream`` for
+  what is not a stream), repeated in the error's ``data.reason``.
 - Requests of different NPCs run concurrently (one ``httpx.AsyncClient`` on trio); closing
   the step's generator (the agent's ``aclosing`` on cancel) closes the HTTP response, which
   drops the connection, and a server stops generating for a client that left.
@@ -43,8 +58,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+import math
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -52,6 +68,17 @@ import jsonschema
 import msgspec
 import trio
 
+from bridge.engines._sse import (
+    LINE_MAX_BYTES,
+    BodyDecoder,
+    CallPiece,
+    Event,
+    EventUsage,
+    LineReader,
+    StreamProblem,
+    first_model,
+    parse_event,
+)
 from bridge.engines._text._grammar import CallSniffer, build_grammar
 from bridge.engines._text._prompt import PromptRenderer
 from bridge.engines.base import (
@@ -75,9 +102,20 @@ FEATURES = ["tools", "streaming", "schema", "remote"]
 DEFAULT_CTX = 4096
 DEFAULT_TIMEOUT_S = 60.0  # longest wait for the next bytes of an answer (a busy server reads prompts)
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_STEP_TIMEOUT_S = 120.0  # longest a whole step may take, request to last event (0: no deadline)
 CHARS_PER_TOKEN = 4
 MESSAGE_OVERHEAD = 4  # tokens a chat template spends on a message's role and separators
 ERROR_BODY_MAX = 300  # characters of a server's error body kept in a message
+ERROR_BODY_READ_MAX = 64 * 1024  # bytes of an error body read; the rest is left unread, the connection closed
+MODELS_BODY_MAX = 4 * 1024 * 1024  # bytes of a GET /models answer read
+# A step's output (streamed text and call arguments, in characters): 32 per maxTokens (no
+# tokenizer writes tokens that long), at least 4096, at most 1 MiB, which is also the bound
+# of a step without maxTokens. More fails the step (output_too_long).
+OUTPUT_CHARS_PER_TOKEN = 32
+OUTPUT_MIN_CHARS = 4096
+OUTPUT_MAX_CHARS = 1024 * 1024
+MAX_STEP_CALLS = 128  # distinct tool calls one step may stream
+CLOSE_GRACE_S = 1.0  # how long closing a response may take, even in a cancelled turn
 
 
 def base_url(url: str) -> str:
@@ -159,6 +197,72 @@ def _status_error(status: int, body: str, url: str) -> BridgeError:
     return BridgeError("generation_failed", f"{where} failed (HTTP {status}): {text}", status=status)
 
 
+def output_cap(request: StepRequest) -> int:
+    """The most characters (text and call arguments) the step may stream."""
+    max_tokens = request.options.max_tokens
+    if max_tokens is None:
+        return OUTPUT_MAX_CHARS
+    return min(OUTPUT_MAX_CHARS, max(OUTPUT_MIN_CHARS, max_tokens * OUTPUT_CHARS_PER_TOKEN))
+
+
+def _failed(reason: str, message: str) -> BridgeError:
+    """``generation_failed`` for a bound or a malformed stream: the message starts with the
+    reason (turn/failed carries no data), which ``data.reason`` repeats."""
+    return BridgeError("generation_failed", f"{reason}: {message}", reason=reason)
+
+
+async def _close(resp: httpx.Response) -> None:
+    """Close a response (an unread rest drops the connection), even in a cancelled turn."""
+    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE_S):
+        try:
+            await resp.aclose()
+        except httpx.HTTPError:
+            pass
+
+
+class _Reader:
+    """A response's body, decoded piece by piece; each read ends by the step's deadline."""
+
+    def __init__(self, resp: httpx.Response, deadline: float, timed_out: BridgeError) -> None:
+        self._raw = cast(AsyncGenerator[bytes, None], resp.aiter_raw())  # an async generator: closed explicitly
+        self._deadline = deadline
+        self._timed_out = timed_out
+        self._decoder = BodyDecoder(resp.headers.get("content-encoding", ""))
+
+    async def read(self) -> list[bytes] | None:
+        """The next pieces of the body (maybe none), None at its end."""
+        if trio.current_time() >= self._deadline:
+            raise self._timed_out
+        with trio.move_on_at(self._deadline):
+            try:
+                data = await self._raw.__anext__()
+            except StopAsyncIteration:
+                return None
+            return self._decoder.feed(data)
+        raise self._timed_out
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_GRACE_S):
+            try:
+                await self._raw.aclose()
+            except httpx.HTTPError:
+                pass
+
+
+class _Output:
+    """What a step's events add up to, within the output bound."""
+
+    def __init__(self, cap: int, sniff: CallSniffer) -> None:
+        self.cap = cap
+        self.sniff = sniff
+        self.text = ""
+        self.calls: dict[int, _Call] = {}
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+        self.chunks = 0
+        self.chars = 0  # text and call arguments so far
+
+
 def _grammar_tools(request: StepRequest) -> list[ToolSpec]:
     """The tools a grammar-mode step offers: none on a step where tools are disallowed."""
     return [] if request.tool_mode == "disallowed" else request.tools
@@ -215,6 +319,7 @@ class OpenAIEngine:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         n_ctx: int = DEFAULT_CTX,
         grammar: bool = False,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
         ok, reason = availability(url)
         self._available, self._reason = ok, reason
@@ -222,6 +327,7 @@ class OpenAIEngine:
         self.model = model or None
         self._api_key = api_key or None
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._step_timeout = step_timeout_s if step_timeout_s > 0 else math.inf
         self._n_ctx = n_ctx or DEFAULT_CTX
         self._client: httpx.AsyncClient | None = None
         self._model_looked_up = model is not None
@@ -272,32 +378,81 @@ class OpenAIEngine:
     # -- HTTP ------------------------------------------------------------------------
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            # identity: a compressed stream arrives in bursts (a server that compresses
+            # anyway is still read, in bounded pieces)
+            headers = {"Accept-Encoding": "identity"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
             # no connection limit of httpx's own: each NPC's step is one request, and the
             # bridge bounds the NPCs
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=headers, limits=limits)
         return self._client
 
-    async def _model(self) -> str | None:
-        """The configured model, else the first one the server lists (``GET /models``, once);
-        None when it lists none (the request then names no model)."""
+    async def _model(self, deadline: float) -> str | None:
+        """The configured model, else the first one the server lists (``GET /models``, once,
+        read to ``MODELS_BODY_MAX``); None when it lists none or answers something else (the
+        request then names no model)."""
         if not self._model_looked_up:
             try:
-                resp = await self._http().get(f"{self.url}/models")
-                if resp.status_code == 200:
-                    data = resp.json().get("data") or []
-                    if data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
-                        self.model = data[0]["id"]
-                        log.info("openai engine: using the server's model %r", self.model)
-                elif resp.status_code in (401, 403, 429, 503) or resp.status_code >= 500:
-                    raise _status_error(resp.status_code, resp.text, self.url)
+                resp = await self._send(self._http().build_request("GET", f"{self.url}/models"), deadline)
+                try:
+                    if resp.status_code == 200:
+                        body, more = await self._read_bounded(resp, MODELS_BODY_MAX, deadline)
+                        if more:
+                            raise BridgeError(
+                                "model_unavailable",
+                                f"the server at {self.url} lists more than {MODELS_BODY_MAX} bytes of models: "
+                                "name one with --openai-model",
+                            )
+                        self.model = first_model(body)
+                        if self.model:
+                            log.info("openai engine: using the server's model %r", self.model)
+                    elif resp.status_code in (401, 403, 429, 503) or resp.status_code >= 500:
+                        err, _ = await self._read_bounded(resp, ERROR_BODY_READ_MAX, deadline)
+                        raise _status_error(resp.status_code, err.decode("utf-8", "replace"), self.url)
+                finally:
+                    await _close(resp)
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
-            except ValueError:
-                pass  # a server whose /models is not JSON: name no model
             self._model_looked_up = True
         return self.model
+
+    def _deadline(self) -> float:
+        return trio.current_time() + self._step_timeout
+
+    def _timed_out(self) -> BridgeError:
+        return _failed(
+            "step_timeout",
+            f"the server at {self.url} did not end the step within {self._step_timeout:g} s (--openai-step-timeout)",
+        )
+
+    async def _send(self, request: httpx.Request, deadline: float) -> httpx.Response:
+        """The response's head (the body left to read), by the step's deadline."""
+        with trio.move_on_at(deadline):
+            return await self._http().send(request, stream=True)
+        raise self._timed_out()
+
+    async def _read_bounded(self, resp: httpx.Response, limit: int, deadline: float) -> tuple[bytes, bool]:
+        """At most ``limit`` bytes of the body, and whether there was more (left unread: the
+        response's close drops the connection). A body whose encoding is broken ends there."""
+        buf = bytearray()
+        try:
+            reader = _Reader(resp, deadline, self._timed_out())
+        except StreamProblem:
+            return b"", False
+        try:
+            while len(buf) <= limit:
+                pieces = await reader.read()
+                if pieces is None:
+                    return bytes(buf), False
+                for piece in pieces:
+                    buf += piece
+        except StreamProblem:
+            return bytes(buf[:limit]), len(buf) > limit
+        finally:
+            await reader.aclose()
+        return bytes(buf[:limit]), True
 
     def _transport_error(self, e: httpx.HTTPError) -> BridgeError:
         if isinstance(e, httpx.ConnectTimeout):
@@ -367,151 +522,196 @@ class OpenAIEngine:
     async def stream_step(self, request: StepRequest) -> AsyncIterator[Chunk]:
         if not self._available:
             raise BridgeError("model_unavailable", self._reason or "no server configured")
-        model = await self._model()
-        client = self._http()
-        text = ""
-        calls: dict[int, _Call] = {}
-        finish: str | None = None
-        usage: Usage | None = None
-        out_chunks = 0
+        deadline = self._deadline()
+        model = await self._model(deadline)
         warnings: list[str] = []
         grammar: str | None = None
         # grammar mode: output held back while it may still be the start of a call batch
-        sniff = CallSniffer(False)
+        out = _Output(output_cap(request), CallSniffer(False))
         if self.grammar:
             grammar, grammar_warnings = await _step_grammar(request)
             warnings.extend(grammar_warnings)
-            sniff = CallSniffer(bool(_grammar_tools(request)))
+            out.sniff = CallSniffer(bool(_grammar_tools(request)))
         for attempt in (0, 1):
             body = self.body(request, model, grammar)
             try:
-                async with client.stream("POST", f"{self.url}/chat/completions", json=body) as resp:
-                    if resp.status_code != 200:
-                        err = (await resp.aread()).decode("utf-8", "replace")
-                        if (
-                            attempt == 0
-                            and request.schema is not None
-                            and self._schema_form == "json_schema"
-                            and resp.status_code in (400, 422, 500)
-                            and "response_format" in err
-                        ):
-                            log.info(
-                                "openai engine: the server refused response_format json_schema; using json_object "
-                                "with a schema"
-                            )
-                            self._schema_form = "json_object"
-                            continue
-                        raise _status_error(resp.status_code, err, self.url)
-                    done = False
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue  # blank separators, ": ping" comments, event names
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            done = True
-                            break
-                        try:
-                            obj = json.loads(data)
-                        except ValueError:
-                            raise BridgeError(
-                                "generation_failed",
-                                f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}",
-                            ) from None
-                        if not isinstance(obj, dict):
-                            raise BridgeError(
-                                "generation_failed",
-                                f"the server at {self.url} sent a malformed stream event: {data[:ERROR_BODY_MAX]}",
-                            )
-                        if obj.get("error") is not None:  # llama-server and vLLM report mid-stream errors so
-                            err_obj = obj["error"]
-                            msg = err_obj.get("message") if isinstance(err_obj, dict) else err_obj
-                            code = err_obj.get("code") if isinstance(err_obj, dict) else None
-                            raise _status_error(code if isinstance(code, int) else 500, str(msg), self.url)
-                        if isinstance(obj.get("usage"), dict):
-                            usage = self._usage(obj["usage"])
-                        for choice in obj.get("choices") or []:
-                            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                                continue
-                            delta = choice.get("delta") or {}
-                            content = delta.get("content")
-                            if isinstance(content, str) and content:
-                                text += content
-                                out_chunks += 1
-                                if shown := sniff.feed(content):
-                                    yield TextChunk(shown)
-                            for i, piece in enumerate(delta.get("tool_calls") or []):
-                                self._add_call_piece(calls, piece, i)
-                            if choice.get("finish_reason"):
-                                finish = choice["finish_reason"]
-                    if not done and finish is None:
-                        raise BridgeError(
-                            "generation_failed", f"the server at {self.url} ended the stream before the answer ended"
-                        )
+                resp = await self._send(
+                    self._http().build_request("POST", f"{self.url}/chat/completions", json=body), deadline
+                )
             except httpx.HTTPError as e:
                 raise self._transport_error(e) from None
+            try:
+                if resp.status_code != 200:
+                    raw_err, _ = await self._read_bounded(resp, ERROR_BODY_READ_MAX, deadline)
+                    err = raw_err.decode("utf-8", "replace")
+                    if (
+                        attempt == 0
+                        and request.schema is not None
+                        and self._schema_form == "json_schema"
+                        and resp.status_code in (400, 422, 500)
+                        and "response_format" in err
+                    ):
+                        log.info(
+                            "openai engine: the server refused response_format json_schema; using json_object "
+                            "with a schema"
+                        )
+                        self._schema_form = "json_object"
+                        continue
+                    raise _status_error(resp.status_code, err, self.url)
+                reader = _Reader(resp, deadline, self._timed_out())
+                try:
+                    lines = LineReader(LINE_MAX_BYTES)
+                    done = False
+                    while not done:
+                        pieces = await reader.read()
+                        if pieces is None:  # the body's end: a last line without its line end counts
+                            last = lines.end()
+                            got = [last] if last is not None else []
+                        else:
+                            got = [line for piece in pieces for line in lines.feed(piece)]
+                        for line in got:
+                            if not line.startswith(b"data:"):
+                                continue  # blank separators, ": ping" comments, event names
+                            data = line[5:].strip(b" \t")
+                            if not data:
+                                continue  # an empty data field carries nothing
+                            if data == b"[DONE]":
+                                done = True
+                                break
+                            try:
+                                event = parse_event(data)
+                            except StreamProblem as e:
+                                excerpt = data[:ERROR_BODY_MAX].decode("utf-8", "replace")
+                                raise _failed(
+                                    e.reason, f"the server at {self.url} sent {e.detail}: {excerpt}"
+                                ) from None
+                            if shown := self._take(event, out):
+                                yield TextChunk(shown)
+                        if pieces is None:
+                            break
+                finally:
+                    await reader.aclose()
+                if not done and out.finish is None:
+                    raise BridgeError(
+                        "generation_failed", f"the server at {self.url} ended the stream before the answer ended"
+                    )
+            except StreamProblem as e:
+                raise _failed(e.reason, f"the server at {self.url} sent {e.detail}") from None
+            except httpx.HTTPError as e:
+                raise self._transport_error(e) from None
+            finally:
+                await _close(resp)
             break
-        raw, rest = sniff.end(finish or "stop")  # grammar mode: a held call batch, or text
-        if raw:
-            calls = _grammar_calls(raw)
-        elif rest:
+        try:
+            raw, rest = out.sniff.end(out.finish or "stop")  # grammar mode: a held call batch, or text
+            calls = _grammar_calls(raw) if raw else out.calls
+        except RecursionError:
+            raise _failed("malformed_event", f"the server at {self.url} sent a call batch nested too deeply") from None
+        if not raw and rest:
             yield TextChunk(rest)
+        batch: list[ToolCall] = []
         if calls:
             batch = self._calls(request, calls, warnings)
             if batch:
                 yield ToolCallsChunk(batch)
-                finish = "tool_calls"
-        elif finish in ("tool_calls", "function_call"):
-            finish = "stop"  # a server that says it called, and sent no call
-        if finish == "content_filter":
+        if out.finish == "content_filter":
             raise BridgeError(
                 "guardrail_violation", f"the server at {self.url} filtered the answer (finish_reason content_filter)"
             )
-        if request.schema is not None and not calls and finish != "length":
-            self._check_answer(request.schema, text, warnings)
-        if usage is None:
-            usage = Usage(
-                input_tokens=self.count_tokens(request.instructions, request.messages, request.tools),
-                output_tokens=out_chunks,
+        if request.schema is not None and not calls and out.finish != "length":
+            self._check_answer(request.schema, out.text, warnings)
+        usage = out.usage or Usage(
+            input_tokens=self.count_tokens(request.instructions, request.messages, request.tools),
+            output_tokens=out.chunks,
+        )
+        # finish reasons the protocol documents only: a server's own ("eos", "end_turn", a
+        # "tool_calls" with no call, calls on a step that offered no tools, which the agent
+        # ignores: the text is the answer) are "stop"
+        called = bool(batch) and request.tool_mode != "disallowed"
+        finish = "tool_calls" if called else "length" if out.finish == "length" else "stop"
+        yield StepDone(usage=usage, finish_reason=finish, warnings=warnings)
+
+    def _take(self, event: Event, out: _Output) -> str:
+        """One event into the step's output; the text to show now. A server's error event,
+        or output past the bound, fails the step."""
+        if event.error is not None:  # llama-server and vLLM report mid-stream errors so
+            raise self._server_error(event.error)
+        if event.usage is not None:
+            out.usage = self._usage(event.usage)
+        shown = ""
+        for choice in event.choices or []:
+            if (choice.index or 0) != 0:
+                continue
+            delta = choice.delta
+            if delta is not None:
+                if delta.content:
+                    self._grow(out, len(delta.content))
+                    out.text += delta.content
+                    out.chunks += 1
+                    shown += out.sniff.feed(delta.content)
+                for i, piece in enumerate(delta.tool_calls or []):
+                    self._grow(out, self._add_call_piece(out.calls, piece, i))
+                    if len(out.calls) > MAX_STEP_CALLS:
+                        raise _failed(
+                            "output_too_long",
+                            f"the server at {self.url} streamed more than {MAX_STEP_CALLS} tool calls",
+                        )
+            if choice.finish_reason:
+                out.finish = choice.finish_reason
+        return shown
+
+    def _grow(self, out: _Output, n: int) -> None:
+        out.chars += n
+        if out.chars > out.cap:
+            raise _failed(
+                "output_too_long",
+                f"the server at {self.url} sent more than {out.cap} characters for one step "
+                "(text and call arguments; the bound is 32 per maxTokens, at least 4096, at most 1048576)",
             )
-        yield StepDone(
-            usage=usage, finish_reason="length" if finish == "length" else (finish or "stop"), warnings=warnings
-        )
+
+    def _server_error(self, err: Any) -> BridgeError:
+        """A mid-stream ``{"error": ...}``: its message, and its ``code`` when that is an HTTP status."""
+        msg = err.get("message") if isinstance(err, dict) else err
+        code = err.get("code") if isinstance(err, dict) else None
+        status = code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599 else 500
+        return _status_error(status, str(msg), self.url)
 
     @staticmethod
-    def _usage(u: dict[str, Any]) -> Usage:
-        details = u.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    def _usage(u: EventUsage) -> Usage:
+        details = u.prompt_tokens_details
         return Usage(
-            input_tokens=int(u.get("prompt_tokens") or 0),
-            output_tokens=int(u.get("completion_tokens") or 0),
-            cached_tokens=int(cached or 0),
+            input_tokens=u.prompt_tokens or 0,
+            output_tokens=u.completion_tokens or 0,
+            cached_tokens=(details.cached_tokens or 0) if details is not None else 0,
         )
 
     @staticmethod
-    def _add_call_piece(calls: dict[int, _Call], piece: Any, position: int) -> None:
+    def _add_call_piece(calls: dict[int, _Call], piece: CallPiece, position: int) -> int:
         """One streamed piece of a call: the first names it (id, name), the rest add to its
-        arguments. ``index`` says which call; a server that leaves it out sends calls whole."""
-        if not isinstance(piece, dict):
-            return
-        idx = piece.get("index")
-        if not isinstance(idx, int):
+        arguments. ``index`` says which call; a server that leaves it out sends calls whole.
+        The characters of arguments it added."""
+        idx = piece.index
+        if idx is None:
             idx = (
                 len(calls)
-                if piece.get("id") and piece.get("id") not in {c.id for c in calls.values()}
+                if piece.id and piece.id not in {c.id for c in calls.values()}
                 else max(calls, default=position)
             )
         call = calls.setdefault(idx, _Call())
-        if isinstance(piece.get("id"), str) and piece["id"]:
-            call.id = piece["id"]
-        fn = piece.get("function") or {}
-        if isinstance(fn, dict):
-            if isinstance(fn.get("name"), str) and fn["name"]:
-                call.name = fn["name"]
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                call.arguments += args
-            elif isinstance(args, dict):  # Ollama sends arguments as an object
-                call.arguments += json.dumps(args)
+        if piece.id:
+            call.id = piece.id
+        fn = piece.function
+        if fn is None:
+            return 0
+        if fn.name:
+            call.name = fn.name
+        args = fn.arguments
+        if isinstance(args, dict):  # Ollama sends arguments as an object
+            args = json.dumps(args)
+        if args:
+            call.arguments += args
+            return len(args)
+        return 0
 
     def _calls(self, request: StepRequest, calls: dict[int, _Call], warnings: list[str]) -> list[ToolCall]:
         """The streamed calls as one batch. Calls whose arguments are not a JSON object are
@@ -526,7 +726,7 @@ class OpenAIEngine:
             raw = c.arguments.strip() or "{}"
             try:
                 args = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 args = None
             if not isinstance(args, dict):
                 bad.append(f"{c.name or '?'}: {raw[:120]!r}")

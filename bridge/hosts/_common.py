@@ -90,6 +90,15 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         ),
     )
     ap.add_argument(
+        "--openai-step-timeout",
+        type=float,
+        default=float(os.environ.get("OAM_OPENAI_STEP_TIMEOUT", "120")),
+        help=(
+            "openai engine: seconds a whole step may take, request to last event, before it fails "
+            "generation_failed (step_timeout) (env OAM_OPENAI_STEP_TIMEOUT; default 120; 0: no deadline)"
+        ),
+    )
+    ap.add_argument(
         "--openai-connect-timeout",
         type=float,
         default=float(os.environ.get("OAM_OPENAI_CONNECT_TIMEOUT", "5")),
@@ -135,6 +144,7 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
         "model": args.openai_model,
         "api_key": args.openai_api_key,
         "timeout_s": args.openai_timeout,
+        "step_timeout_s": args.openai_step_timeout,
         "connect_timeout_s": args.openai_connect_timeout,
         "n_ctx": args.openai_ctx,
         "grammar": args.openai_grammar,
