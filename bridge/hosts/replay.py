@@ -35,15 +35,35 @@ The first divergence found ends the replay: a recorded line answered differently
 recording's line number, the expected and the actual line, the fields that differ), a line the
 recording does not have, or a recorded line that did not come (``--timeout`` seconds passed
 without a line from the bridge).
+
+A recording cut short (no trailer: the recorded bridge was killed, a player's crash, or its
+disk filled) is replayed up to its end: every recorded line must come and match, and a line
+of the bridge's that the recording does not have counts as written after the recording's end,
+unless it cannot be (an event of a turn whose ``turn/completed`` or ``turn/failed`` is
+recorded). Its last line, when the kill cut it in half, is left out. Such a replay ends
+``MATCHED up to the recording's end, where the recorded bridge stopped``.
+
+The recording is read as untrusted input (a bug report from anyone): every record is checked
+against its shape (``msgspec`` structs) and the recorded bridge's own limits before anything
+runs, and a file that fails is no replay (exit status 2, one line naming the recording's line
+and what is wrong). A game's line is at most the recorded ``maxLineBytes`` (the bridge could
+not have read a longer one); a line the bridge dropped as too long (``tooLong``) is longer than
+that, and is sent again as that many bytes streamed in ``CHUNK_BYTES`` pieces, never held in
+memory, the recording's such lines ``MAX_DROPPED_BYTES`` at most together; a record nests JSON
+``MAX_DEPTH`` deep at most; a recorded signal is SIGTERM or SIGINT (the ones the bridge
+records). The bridge's recorded lines are kept as their bytes and decoded when compared, so
+the replay holds about the file's size in memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,12 +71,21 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal, TypeVar
 
+import msgspec
 import trio
+
+from bridge.core._messages import Limits
 
 DEFAULT_TIMEOUT_S: Final = 30.0  # seconds without a line from the bridge while a recorded one is awaited
 STARTUP_S: Final = 60.0  # the bridge's first line (its start-up, a model loading) gets this at least
+MAX_DROPPED_BYTES: Final = 1 << 30  # the too-long lines of one recording, together (streamed, never held)
+CHUNK_BYTES: Final = 1 << 20  # a too-long line goes to the bridge in pieces of this size
+# JSON nesting of a recorded message: the bridge reads maxNestingDepth (100) at most, and its
+# answers put what it read a few levels deeper; far below Python's recursion limit
+MAX_DEPTH: Final = 2 * Limits().max_nesting_depth
+RECORDED_SIGNALS: Final = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})  # what the bridge records
 # what the bridge makes up per run (uuid4-based): turn_ + 12 hex, call_ + 8 or 12 hex
 _BRIDGE_ID: Final = re.compile(r"^(turn|call)_[0-9a-f]{8,12}$")
 _ID_IN_LINE: Final = re.compile(r'"((?:turn|call)_[0-9a-f]{8,12})"')
@@ -76,6 +105,7 @@ _FLAGS: Final = {
     "openai_url": "--openai-url",
     "openai_model": "--openai-model",
     "openai_timeout": "--openai-timeout",
+    "openai_step_timeout": "--openai-step-timeout",
     "openai_connect_timeout": "--openai-connect-timeout",
     "openai_ctx": "--openai-ctx",
     "max_line_bytes": "--max-line-bytes",
@@ -94,11 +124,15 @@ _ENV_OF_OPTIONS: Final = (
     "OAM_OPENAI_URL",
     "OAM_OPENAI_MODEL",
     "OAM_OPENAI_TIMEOUT",
+    "OAM_OPENAI_STEP_TIMEOUT",
     "OAM_OPENAI_CONNECT_TIMEOUT",
     "OAM_OPENAI_CTX",
     "OAM_OPENAI_GRAMMAR",
     "OAM_RECORD",
 )
+
+
+_T = TypeVar("_T")
 
 
 class RecordingError(Exception):
@@ -107,6 +141,76 @@ class RecordingError(Exception):
 
 # ---- the recording ----
 
+_Text = Annotated[str, msgspec.Meta(pattern="^[^\x00]*$")]  # a command-line argument: no NUL
+
+
+class _Options(msgspec.Struct):
+    """The header's ``options`` the replay passes on (``_FLAGS``; ``vars(args)``, so snake
+    case); the others are not read. A value of the wrong type is no replay."""
+
+    engine: _Text | None = None
+    model: _Text | None = None
+    llama_ctx: int | None = None
+    llama_threads: int | None = None
+    openai_url: _Text | None = None
+    openai_model: _Text | None = None
+    openai_timeout: float | None = None
+    openai_step_timeout: float | None = None
+    openai_connect_timeout: float | None = None
+    openai_ctx: int | None = None
+    openai_grammar: bool | None = None
+    max_line_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_npcs: int | None = None
+    max_pending_lines: int | None = None
+    max_outbound_bytes: int | None = None
+    exit_grace_ms: int | None = None
+
+
+class Header(msgspec.Struct, rename="camel"):
+    """The recording's first line, the parts the replay reads."""
+
+    oam_recording: Literal[1]
+    bridge_version: str | None = None
+    options: _Options | None = None
+    script: Any = None  # --script's steps: the bridge checks them
+
+    @property
+    def max_line_bytes(self) -> int:
+        opts = self.options
+        return opts.max_line_bytes if opts is not None and opts.max_line_bytes is not None else Limits().max_line_bytes
+
+
+class _Record(msgspec.Struct, rename="camel"):
+    """Any record after the header (``bridge/jsonrpc/_record.py``); which one it is, by the
+    fields set, is checked in ``Recording.load``."""
+
+    t: float | None = None
+    dir: Literal["in", "out"] | None = None
+    read: int | None = None
+    line: str | msgspec.UnsetType = msgspec.UNSET
+    too_long: int | msgspec.UnsetType = msgspec.UNSET
+    eof: Literal[True] | msgspec.UnsetType = msgspec.UNSET
+    signal: int | msgspec.UnsetType = msgspec.UNSET
+    parent_gone: Literal[True] | msgspec.UnsetType = msgspec.UNSET
+    msg: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # kept as bytes (a view of the line)
+    end: Literal[True] | msgspec.UnsetType = msgspec.UNSET
+    npcs: dict[str, Any] | None = None
+    dropped_lines: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+    def ins(self) -> list[str]:
+        """The fields set that only a record of the game's side has."""
+        return [
+            name
+            for name, value in (
+                ("line", self.line),
+                ("tooLong", self.too_long),
+                ("eof", self.eof),
+                ("signal", self.signal),
+                ("parentGone", self.parent_gone),
+            )
+            if value is not msgspec.UNSET
+        ]
+
 
 @dataclass
 class Step:
@@ -114,53 +218,151 @@ class Step:
 
     line: int  # the recording's line number of the first
     after: int  # the bridge's recorded lines before it (to wait for)
-    lines: list[tuple[int, bytes]] = field(default_factory=list)  # (recording line, raw line)
+    # (recording line, raw line); an int: a line of that many bytes the bridge dropped as too long
+    lines: list[tuple[int, bytes | int]] = field(default_factory=list)
     end: dict[str, Any] | None = None  # {"eof": true} | {"signal": n} | {"parentGone": true}
 
 
 @dataclass
+class Expected:
+    """A line the recorded bridge wrote: its bytes, decoded when compared."""
+
+    line: int  # the recording's line number
+    raw: msgspec.Raw
+    key: tuple[Any, ...]
+
+    def msg(self) -> Any:
+        return msgspec.json.decode(self.raw)
+
+
+@dataclass
 class Recording:
-    header: dict[str, Any]
+    header: Header
     steps: list[Step]
-    expected: list[tuple[int, Any]]  # (recording line, message) the bridge wrote
-    trailer: dict[str, Any] | None
+    expected: list[Expected]
+    trailer: _Record | None
+    finished_turns: set[str] = field(default_factory=set)  # turns whose terminal event is recorded
+    cut_line: int | None = None  # the last line, cut in half by a kill (left out)
+
+    @property
+    def cut_short(self) -> bool:
+        """No trailer: the recorded bridge stopped (killed, a crash, a full disk) before its end."""
+        return self.trailer is None
 
     @classmethod
     def load(cls, path: str) -> Recording:
+        """Reads and checks ``path``; ``RecordingError`` (one line: the recording's line and
+        what is wrong) for anything a replay cannot play or the recorder cannot have written."""
         with open(path, "rb") as f:
-            raw = f.read().split(b"\n")
+            return cls._read(path, f)
+
+    @classmethod
+    def _read(cls, path: str, f: Any) -> Recording:
+        def bad(n: int, what: str) -> RecordingError:
+            return RecordingError(f"{path}: line {n}: {what}")
+
+        first = f.readline()
         try:
-            header = json.loads(raw[0])
-        except ValueError:
-            header = None
-        if not isinstance(header, dict) or header.get("oamRecording") != 1:
-            raise RecordingError(f"{path}: line 1 is not an oam-bridge recording header (format 1)")
+            header = _decode(first, Header)
+        except msgspec.ValidationError as e:  # (a DecodeError too)
+            raise RecordingError(f"{path}: line 1 is not an oam-bridge recording header (format 1): {e}") from None
+        except msgspec.DecodeError:
+            raise RecordingError(f"{path}: line 1 is not an oam-bridge recording header (format 1)") from None
+        except RecursionError:
+            raise RecordingError(
+                f"{path}: line 1 is not an oam-bridge recording header (format 1): JSON nested too deeply"
+            ) from None
+        if not _depth_ok(header.script, MAX_DEPTH):
+            raise RecordingError(f"{path}: line 1: the header's script is JSON nested deeper than {MAX_DEPTH}")
+        limit = header.max_line_bytes
         steps: list[Step] = []
-        expected: list[tuple[int, Any]] = []
-        trailer = None
-        last_read = None
-        for n, b in enumerate(raw[1:], start=2):
+        expected: list[Expected] = []
+        finished: set[str] = set()
+        trailer: _Record | None = None
+        cut_line = None
+        last_read: int | None = None
+        dropped = 0
+        n = 1
+        for b in f:
+            n += 1
             if not b.strip():
                 continue
+            if trailer is not None:
+                raise bad(n, "a record after the trailer (the recording's last line)")
             try:
-                rec = json.loads(b)
-            except ValueError:
-                raise RecordingError(f"{path}: line {n} is not JSON (a recording cut off mid-line?)") from None
-            if rec.get("end"):
+                rec = _decode(b, _Record)
+            except msgspec.ValidationError as e:  # (a DecodeError too: first)
+                raise bad(n, f"not a record this replayer reads: {e}") from None
+            except (msgspec.DecodeError, RecursionError) as e:
+                if not b.endswith(b"\n"):  # the last line, cut in half by a kill: left out
+                    cut_line = n
+                    break
+                raise bad(
+                    n,
+                    f"not JSON ({e})" if isinstance(e, msgspec.DecodeError) else f"JSON nested deeper than {MAX_DEPTH}",
+                ) from None
+            ins = rec.ins()
+            if rec.end is not msgspec.UNSET:
+                if rec.dir is not None or ins or rec.msg is not msgspec.UNSET:
+                    raise bad(n, "a trailer with the fields of another record")
                 trailer = rec
-            elif rec.get("dir") == "out":
-                expected.append((n, rec["msg"]))
-            elif rec.get("dir") == "in" and ("line" in rec or "tooLong" in rec):
-                data = rec["line"].encode("utf-8", "surrogateescape") if "line" in rec else b"x" * rec["tooLong"]
-                if last_read is None or rec.get("read") != last_read or steps[-1].end is not None:
+            elif rec.dir == "out":
+                if rec.msg is msgspec.UNSET:
+                    raise bad(n, 'a line of the bridge\'s ("dir":"out") without its "msg"')
+                if ins:
+                    raise bad(n, f'a line of the bridge\'s ("dir":"out") with {ins[0]!r}')
+                expected.append(_expected(n, rec.msg, finished, bad))
+            elif rec.dir == "in":
+                if len(ins) != 1 or rec.msg is not msgspec.UNSET:
+                    what = ", ".join(ins + (["msg"] if rec.msg is not msgspec.UNSET else [])) or "none of them"
+                    raise bad(
+                        n, f"a record of the game's side has one of line, tooLong, eof, signal, parentGone: {what}"
+                    )
+                data: bytes | int
+                if rec.line is not msgspec.UNSET:
+                    try:
+                        data = rec.line.encode("utf-8", "surrogateescape")
+                    except UnicodeEncodeError:
+                        raise bad(n, "the line holds characters that are no bytes the game wrote") from None
+                    if len(data) > limit:
+                        raise bad(
+                            n,
+                            f"a line of {len(data)} bytes, over the recorded maxLineBytes {limit}: "
+                            "the bridge would have dropped it",
+                        )
+                    if b"\n" in data:
+                        raise bad(n, "a line with a newline in it: the bridge reads lines")
+                elif rec.too_long is not msgspec.UNSET:
+                    data = rec.too_long
+                    if data <= limit:
+                        raise bad(
+                            n,
+                            f"a line dropped as too long, of {data} bytes: not over the recorded maxLineBytes {limit}",
+                        )
+                    dropped += data
+                    if dropped > MAX_DROPPED_BYTES:
+                        raise bad(
+                            n,
+                            f"a line dropped as too long, of {data} bytes: a replay sends {MAX_DROPPED_BYTES} bytes "
+                            f"of such lines at most, and the recording has {dropped} up to here",
+                        )
+                else:
+                    if rec.signal is not msgspec.UNSET and rec.signal not in RECORDED_SIGNALS:
+                        raise bad(
+                            n,
+                            f"signal {rec.signal}: the bridge records SIGTERM ({int(signal.SIGTERM)}) "
+                            f"and SIGINT ({int(signal.SIGINT)}) only",
+                        )
+                    end = {ins[0]: getattr(rec, {"parentGone": "parent_gone"}.get(ins[0], ins[0]))}
+                    steps.append(Step(n, len(expected), end=end))
+                    continue
+                if last_read is None or rec.read != last_read or steps[-1].end is not None:
                     steps.append(Step(n, len(expected)))
                 steps[-1].lines.append((n, data))
-                last_read = rec.get("read")
-            elif rec.get("dir") == "in":
-                steps.append(Step(n, len(expected), end={k: v for k, v in rec.items() if k not in ("t", "dir")}))
+                last_read = rec.read
             else:
-                raise RecordingError(f"{path}: line {n} is no record this replayer knows")
-        return cls(header, steps, expected, trailer)
+                raise bad(n, 'no record this replayer knows (no "dir" and not the trailer)')
+        return cls(header, steps, expected, trailer, finished, cut_line)
 
     def ended_by_game(self) -> bool:
         """The session's end is in the recording (stdin EOF, a signal, ``exit``): the bridge's
@@ -168,42 +370,108 @@ class Recording:
         if not self.steps:
             return False
         last = self.steps[-1]
-        return last.end is not None or any(b'"exit"' in line for _, line in last.lines)
+        return last.end is not None or any(isinstance(line, bytes) and b'"exit"' in line for _, line in last.lines)
 
     def warnings(self) -> list[str]:
         """What the recording cannot promise to replay exactly."""
         out = []
         if self.trailer is None:
             out.append(
-                "the recording has no trailer (the bridge was killed?): the lines after its end are not compared"
+                "the recording has no trailer (the bridge was killed?): it is replayed up to its end, and the "
+                "lines after its end are not compared"
             )
-        elif self.trailer.get("droppedLines"):
+        elif self.trailer.dropped_lines:
             out.append(
-                f"the recording dropped {self.trailer['droppedLines']} lines (the disk was slower than the bridge)"
+                f"the recording dropped {self.trailer.dropped_lines} lines (the disk was slower than the bridge)"
             )
-        for npc, info in ((self.trailer or {}).get("npcs") or {}).items():
-            opts = info.get("options") or {}
-            if (
-                info.get("engine") in ("llama", "openai", "native")
-                and opts.get("temperature") != 0
-                and opts.get("seed") is None
-            ):
+        if self.cut_line is not None:
+            out.append(f"its last line (line {self.cut_line}) was cut in half when the bridge stopped: left out")
+        npcs = (self.trailer.npcs if self.trailer is not None else None) or {}
+        for npc, info in npcs.items():  # the game's requests as recorded: anything
+            if not isinstance(info, dict):
+                continue
+            opts = info.get("options")
+            opts = opts if isinstance(opts, dict) else {}
+            engine, temperature = info.get("engine"), opts.get("temperature")
+            if engine in ("llama", "openai", "native") and temperature != 0 and opts.get("seed") is None:
+                shown = temperature if isinstance(temperature, (int, float)) else "default"
                 out.append(
-                    f"npc {npc!r} sampled on {info['engine']} at temperature {opts.get('temperature', 'default')} "
+                    f"npc {npc[:80]!r} sampled on {engine} at temperature {shown} "
                     "without a seed: its texts are random and may differ"
                 )
         return out
 
 
-def bridge_argv(header: dict[str, Any], script_path: str | None) -> list[str]:
+_SURROGATE: Final = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _decode(data: bytes, typ: type[_T]) -> _T:
+    """One record as ``typ``. msgspec refuses a lone surrogate in a string (``\\udcff``), which
+    is how the recorder writes a byte that is not UTF-8 (a game's line, a file name in
+    ``argv``): such a record is read by ``json`` and then checked by msgspec. The bridge's own
+    lines (``msg``, kept as msgspec's raw bytes) never hold one."""
+    try:
+        return msgspec.json.decode(data, type=typ)
+    except msgspec.ValidationError:
+        raise
+    except msgspec.DecodeError:
+        if not _SURROGATE.search(data):
+            raise
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or "msg" in obj:
+            raise
+        try:
+            return msgspec.convert(obj, typ)
+        except UnicodeEncodeError:  # msgspec's message about a value holding a lone surrogate
+            raise msgspec.ValidationError("a value of the wrong type, holding a lone surrogate") from None
+
+
+def _expected(n: int, raw: msgspec.Raw, finished: set[str], bad: Callable[[int, str], RecordingError]) -> Expected:
+    """A recorded line of the bridge's, checked: a JSON object or a batch, ``MAX_DEPTH`` deep
+    at most."""
+    try:
+        msg = msgspec.json.decode(raw)
+    except RecursionError:
+        raise bad(n, f"JSON nested deeper than {MAX_DEPTH}") from None
+    if not isinstance(msg, (dict, list)):
+        raise bad(n, f'"msg" is {type(msg).__name__}: the bridge writes JSON objects and batches (arrays)')
+    if not _depth_ok(msg, MAX_DEPTH):
+        raise bad(n, f"JSON nested deeper than {MAX_DEPTH}")
+    key = _key(msg, lambda t: t)
+    assert key is not None
+    if isinstance(msg, dict) and msg.get("method") in ("turn/completed", "turn/failed"):
+        params = msg.get("params")
+        if isinstance(params, dict) and isinstance(params.get("turnId"), str):
+            finished.add(params["turnId"])
+    return Expected(n, raw, key)
+
+
+def _depth_ok(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            return False
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+    return True
+
+
+def bridge_argv(header: Header, script_path: str | None) -> list[str]:
     """The recorded bridge options as command-line flags."""
-    opts = header.get("options") or {}
+    opts = header.options or _Options()
     argv: list[str] = []
     for key, flag in _FLAGS.items():
-        if opts.get(key) is not None:
-            argv += [flag, str(opts[key])]
+        value = getattr(opts, key)
+        if value is not None:
+            argv += [flag, str(value)]
     for key, flag in _SWITCHES.items():
-        if opts.get(key):
+        if getattr(opts, key):
             argv.append(flag)
     if script_path is not None:
         argv += ["--script", script_path]
@@ -249,15 +517,16 @@ def _compact(msg: Any) -> str:
 
 def _key(msg: Any, turn: Callable[[str], str | None]) -> tuple[Any, ...] | None:
     """What a line answers: a response its request id, an event its turn and seq. ``None``:
-    an event of a turn not known yet."""
+    an event of a turn not known yet. Values are taken as their JSON (hashable, whatever a
+    recording holds)."""
     if isinstance(msg, list):
         return ("batch", tuple(json.dumps(m.get("id") if isinstance(m, dict) else None) for m in msg))
     if isinstance(msg, dict) and "method" in msg:
         params = msg.get("params")
         if isinstance(params, dict) and isinstance(params.get("turnId"), str):
             mapped = turn(params["turnId"])
-            return None if mapped is None else ("event", mapped, params.get("seq"))
-        return ("notification", msg["method"])
+            return None if mapped is None else ("event", mapped, json.dumps(params.get("seq")))
+        return ("notification", json.dumps(msg["method"]))
     if isinstance(msg, dict):
         return ("response", json.dumps(msg.get("id")))
     return ("other",)
@@ -266,15 +535,18 @@ def _key(msg: Any, turn: Callable[[str], str | None]) -> tuple[Any, ...] | None:
 class Matcher:
     """The recorded lines of the bridge against the replay's, one actual line at a time."""
 
-    def __init__(self, expected: list[tuple[int, Any]]) -> None:
+    def __init__(self, expected: list[Expected], finished_turns: set[str] | None = None) -> None:
         self.expected = expected
         self.matched = [False] * len(expected)
         self._prefix = 0  # every expected line before this index is matched
         self._by_key: dict[tuple[Any, ...], deque[int]] = {}
-        for i, (_, msg) in enumerate(expected):
-            k = _key(msg, lambda t: t)
-            assert k is not None
-            self._by_key.setdefault(k, deque()).append(i)
+        for i, e in enumerate(expected):
+            self._by_key.setdefault(e.key, deque()).append(i)
+        # a recording cut short (no trailer): a line without a counterpart may come from after
+        # its end, unless it is an event of a turn whose end is recorded
+        self.cut_short = False
+        self.finished_turns = finished_turns or set()
+        self.past_end = 0  # lines taken as written after the recording's end
         self.ids: dict[str, str] = {}  # recorded id -> this run's
         self._rev: dict[str, str] = {}
         self._held: list[tuple[int, Any]] = []  # actual events of turns not mapped yet
@@ -290,9 +562,9 @@ class Matcher:
                 lambda mo: f'"{self.ids.get(mo.group(1), mo.group(1))}"', line.decode("utf-8", "surrogateescape")
             ).encode("utf-8", "surrogateescape")
         try:
-            msg = json.loads(line)
-        except ValueError:
-            return line
+            msg = msgspec.json.decode(line)
+        except (msgspec.DecodeError, RecursionError):
+            return line  # the bridge answers it as it is
         for call in msg if isinstance(msg, list) else [msg]:
             if isinstance(call, dict) and "id" in call and isinstance(call.get("method"), str):
                 self.methods[json.dumps(call["id"])] = call["method"]
@@ -306,8 +578,8 @@ class Matcher:
     def first_missing(self, at_line: int) -> Divergence:
         self.matched_before(len(self.matched))
         if self._prefix < len(self.expected):
-            n, msg = self.expected[self._prefix]
-            return Divergence("missing", n, expected=msg)
+            e = self.expected[self._prefix]
+            return Divergence("missing", e.line, expected=e.msg())
         index, msg = self._held[0]
         return Divergence("unexpected", at_line, actual=msg, actual_index=index)
 
@@ -318,8 +590,10 @@ class Matcher:
         """One line the bridge wrote; ``at_line``: the recording's line the replay is at."""
         self.count += 1
         try:
-            msg = json.loads(raw)
-        except ValueError:
+            msg = msgspec.json.decode(raw)
+            if not _depth_ok(msg, MAX_DEPTH):
+                raise RecursionError
+        except (msgspec.DecodeError, RecursionError):
             return Divergence("not_json", at_line, actual=raw.decode("utf-8", "replace"), actual_index=self.count)
         return self._place(self.count, msg, at_line)
 
@@ -331,10 +605,14 @@ class Matcher:
         queue = self._by_key.get(k)
         if not queue:
             if self.lenient:
+                self.past_end += self.cut_short
+                return None
+            if self.cut_short and not (k[0] == "event" and k[1] in self.finished_turns):
+                self.past_end += 1
                 return None
             return Divergence("unexpected", at_line, actual=msg, actual_index=index)
         i = queue.popleft()
-        line, expected = self.expected[i]
+        line, expected = self.expected[i].line, self.expected[i].msg()
         ignored = (
             IGNORED.get(self.methods.get(json.dumps(msg.get("id")), ""), ())
             if isinstance(msg, dict) and "id" in msg
@@ -416,11 +694,39 @@ class Outcome:
     compared: int = 0
     notes: list[str] = field(default_factory=list)
     stderr: bytes = b""
+    lines: int = 0  # the bridge's lines in this replay
+    exit_status: int | None = None  # the bridge's, when it exited by itself
+    cut_short: bool = False  # the recording ended before the session did; it matched up to there
+
+
+_STDERR_KEPT: Final = 64 * 1024  # the end of the bridge's stderr, for the report
+_FILL: Final = memoryview(b"x" * CHUNK_BYTES)  # what a too-long line is made of
+
+
+async def _send_lines(stdin: trio.abc.SendStream, matcher: Matcher, lines: list[tuple[int, bytes | int]]) -> None:
+    """One step's lines: in one write, but a too-long line streamed in ``CHUNK_BYTES`` pieces."""
+    parts: list[bytes] = []
+    for _, line in lines:
+        if isinstance(line, bytes):
+            parts.append(matcher.sent(line) + b"\n")
+            continue
+        if parts:
+            await stdin.send_all(b"".join(parts))
+            parts.clear()
+        left = line
+        while left > 0:
+            piece = min(left, CHUNK_BYTES)
+            await stdin.send_all(_FILL[:piece])
+            left -= piece
+        parts.append(b"\n")
+    if parts:
+        await stdin.send_all(b"".join(parts))
 
 
 async def replay(rec: Recording, command: list[str], env: dict[str, str], timeout_s: float) -> Outcome:
     """Plays ``rec`` against the bridge ``command`` starts; the first divergence, if any."""
-    matcher = Matcher(rec.expected)
+    matcher = Matcher(rec.expected, rec.finished_turns)
+    matcher.cut_short = rec.cut_short
     out = Outcome(None)
     changed = trio.Event()
     at_line = rec.steps[0].line if rec.steps else 1
@@ -455,6 +761,8 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
     async def read_stderr() -> None:
         async for data in stderr:
             err.extend(data)
+            if len(err) > 2 * _STDERR_KEPT:
+                del err[:-_STDERR_KEPT]
 
     async def wait_for(done: Callable[[], bool]) -> bool:
         """Until ``done()``; ``False`` after ``timeout_s`` with no line from the bridge (its
@@ -480,10 +788,9 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
                 if out.divergence is not None:
                     break
                 if step.end is None:
-                    data = b"".join(matcher.sent(line) + b"\n" for _, line in step.lines)
                     out.sent += len(step.lines)
                     try:
-                        await stdin.send_all(data)
+                        await _send_lines(stdin, matcher, step.lines)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass  # it exited: what it wrote decides
                 elif "signal" in step.end:
@@ -496,7 +803,10 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
                 if not await wait_for(lambda: matcher.matched_before(len(rec.expected))):
                     found(matcher.first_missing(at_line))
             if out.divergence is None:
-                if not rec.ended_by_game():
+                if rec.cut_short:
+                    matcher.lenient = True  # the rest of the session is not in the recording
+                    out.cut_short = True
+                elif not rec.ended_by_game():
                     matcher.lenient = True
                     out.notes.append(
                         "the recording ends without the session's end: the bridge's lines after it were not compared"
@@ -508,6 +818,13 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
                     await process.wait()
                 if matcher.held() and not matcher.lenient:
                     found(matcher.first_missing(at_line))
+                if rec.cut_short and out.divergence is None:
+                    past = matcher.past_end + len(matcher.held())
+                    out.notes.append(f"{past} lines of the bridge's came after the recording's end: not compared")
+            elif matcher.count == 0 and stdout_done.is_set():
+                with trio.move_on_after(min(timeout_s, 5)):  # it ended at start-up: its exit status says why
+                    await process.wait()
+            out.exit_status = process.returncode
             nursery.cancel_scope.cancel()
     finally:
         if process.returncode is None:
@@ -515,6 +832,7 @@ async def replay(rec: Recording, command: list[str], env: dict[str, str], timeou
         with trio.CancelScope(shield=True):
             await process.wait()
     out.compared = sum(matcher.matched)
+    out.lines = matcher.count
     out.stderr = bytes(err)
     return out
 
@@ -553,6 +871,9 @@ def _parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str]) -> int:
     """``oam replay ARGS``: 0 the replay matched, 1 it diverged, 2 no replay."""
     args, extra = _parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a recording's text (or its file name) is any text
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         rec = Recording.load(args.recording)
     except OSError as e:
@@ -564,15 +885,15 @@ def main(argv: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_OF_OPTIONS}
     with tempfile.TemporaryDirectory(prefix="oam-replay-") as tmp:
         script_path = None
-        if rec.header.get("script") is not None:
+        if rec.header.script is not None:
             script_path = os.path.join(tmp, "script.json")
             with open(script_path, "w") as f:
-                json.dump(rec.header["script"], f)
+                json.dump(rec.header.script, f)  # its strings may hold lone surrogates: as the recorder wrote them
         base = shlex.split(args.bridge) if args.bridge else [sys.executable, "-m", "bridge"]
         command = [*base, *bridge_argv(rec.header, script_path), *extra]
         if not args.quiet:
             print(
-                f"replaying {args.recording} (bridge {rec.header.get('bridgeVersion')}, {len(rec.steps)} writes "
+                f"replaying {args.recording} (bridge {rec.header.bridge_version}, {len(rec.steps)} writes "
                 f"of the game, {len(rec.expected)} lines of the bridge)"
             )
             for w in rec.warnings():
@@ -582,6 +903,14 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"oam replay: cannot start the bridge {shlex.join(base)}: {e.strerror or e}", file=sys.stderr)
             return 2
+    if outcome.lines == 0 and outcome.exit_status not in (None, 0):
+        tail = outcome.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        print(
+            f"oam replay: the bridge did not start (exit status {outcome.exit_status})"
+            + (f": {tail[0]}" if tail else ""),
+            file=sys.stderr,
+        )
+        return 2
     if not args.quiet:
         for note in outcome.notes:
             print(f"  note: {note}")
@@ -592,7 +921,8 @@ def main(argv: list[str]) -> int:
             print("  the bridge's last stderr lines:\n" + "\n".join(f"    {x}" for x in tail))
         return 1
     if not args.quiet:
-        print(f"MATCHED: {outcome.sent} lines sent, {outcome.compared} lines of the bridge compared")
+        where = " up to the recording's end, where the recorded bridge stopped" if outcome.cut_short else ""
+        print(f"MATCHED{where}: {outcome.sent} lines sent, {outcome.compared} lines of the bridge compared")
     return 0
 
 

@@ -33,11 +33,19 @@ flushing every ``FLUSH_EVERY_S``; it never touches stdout. ``close`` (stdin EOF,
 ``exit``, a signal, the game gone) writes what is queued and the trailer. Bound: past
 ``MAX_BACKLOG_BYTES`` not yet written (a disk slower than the bridge), lines are dropped from
 the recording, never from the protocol, and the trailer counts them.
+
+The recording never stops the bridge. A file that cannot be opened for writing (a missing
+folder, a read-only path, a FIFO that no process reads: it is opened non-blocking, so that
+open does not wait for a reader) and the first error writing it (a full disk, ``/dev/full``,
+a reader gone) each say so in one line on stderr; the bridge goes on serving without a
+recording, and what was queued for the file is dropped at once. A file cut short that way
+has no trailer, like the file of a bridge that was killed: a replay plays it to its end.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
@@ -69,10 +77,13 @@ _TOO_LONG_SIZE = 64  # what an oversize line's record weighs in the backlog (its
 
 class Recorder:
     """Records one session to ``path``. ``inbound``/``outbound``/``note`` are called on the
-    event loop and never block; ``close`` once, at the end (later calls do nothing)."""
+    event loop and never block; ``close`` once, at the end (later calls do nothing).
+
+    Never raises for the file: one that cannot be opened, or the first write that fails,
+    says so once on stderr and the recorder stops (``recording`` is then false)."""
 
     def __init__(self, path: str, header: dict[str, Any]) -> None:
-        self._file = open(path, "wb")  # noqa: SIM115 - owned by the thread, closed by it
+        self.path = path
         self._header = header
         self._t0 = time.monotonic()
         self._queue: deque[tuple[int, float, Any]] = deque()
@@ -85,13 +96,21 @@ class Recorder:
         # what the trailer says about each NPC (the thread's only)
         self._npcs: dict[str, dict[str, Any]] = {}
         self._creating: dict[Any, str] = {}  # request id -> npcId, until its response
-        self._thread = threading.Thread(target=self._run, name="oam-record", daemon=True)
-        self._thread.start()
+        self._fd = _open(path)
+        # False once the file cannot be written: the loop then queues nothing (a plain
+        # attribute: the thread sets it, the loop reads it; a line queued in between is dropped)
+        self.recording = self._fd is not None
+        self._thread: threading.Thread | None = None
+        if self._fd is not None:
+            self._thread = threading.Thread(target=self._run, args=(self._fd,), name="oam-record", daemon=True)
+            self._thread.start()
 
     # ---- on the event loop ----
 
     def inbound(self, items: list[bytes | LineTooLong]) -> None:
         """The lines of one read from stdin."""
+        if not self.recording:
+            return
         self._reads += 1
         t = time.monotonic()
         for item in items:
@@ -99,6 +118,8 @@ class Recorder:
 
     def outbound(self, data: bytes) -> None:
         """Lines the bridge writes (whole, with their newlines; one or many)."""
+        if not self.recording:
+            return
         if self._added - self._written > MAX_BACKLOG_BYTES:
             self.dropped_lines += data.count(b"\n")
             return
@@ -107,6 +128,8 @@ class Recorder:
 
     def note(self, **what: Any) -> None:
         """How the game ended the session: ``eof=True``, ``signal=15``, ``parentGone=True``."""
+        if not self.recording:
+            return
         self._queue.append((_NOTE, time.monotonic(), what))
 
     def _add(self, kind: int, t: float, what: Any, size: int) -> None:
@@ -119,7 +142,7 @@ class Recorder:
     def close(self) -> None:
         """Write what is queued and the trailer, close the file; waits ``CLOSE_TIMEOUT_S`` at
         most (the bridge's exit stays bounded)."""
-        if self._closed:
+        if self._closed or self._thread is None:
             return
         self._closed = True
         self._closing.set()
@@ -129,14 +152,12 @@ class Recorder:
 
     # ---- the recording thread ----
 
-    def _run(self) -> None:
-        f = self._file
+    def _run(self, fd: int) -> None:
         try:
-            f.write(_dumps(_complete_header(self._header)))
+            _write(fd, _dumps(_complete_header(self._header)))
             while True:
                 closing = self._closing.wait(FLUSH_EVERY_S)
-                self._drain(f)
-                f.flush()
+                self._drain(fd)
                 if closing:
                     break
             trailer = {
@@ -145,13 +166,25 @@ class Recorder:
                 "npcs": self._npcs,
                 "droppedLines": self.dropped_lines,
             }
-            f.write(_dumps(trailer))
-        except Exception:  # the recording must never take the bridge down
+            _write(fd, _dumps(trailer))
+        except OSError as e:  # a full disk, /dev/full, a FIFO's reader gone: stop, once
+            self._stop()
+            _say(self.path, f"stopped recording ({_reason(e)}); the file ends here, the bridge goes on without it")
+        except Exception:  # a bug of the recorder's: it must never take the bridge down
+            self._stop()
             log.exception("recording failed; the bridge goes on without it")
         finally:
-            f.close()
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # what close reports about a file already given up on changes nothing
 
-    def _drain(self, f: Any) -> None:
+    def _stop(self) -> None:
+        """No more recording: the loop stops queueing, and what it queued is dropped."""
+        self.recording = False
+        self._queue.clear()
+
+    def _drain(self, fd: int) -> None:
         t0 = self._t0
         queue = self._queue
         out: list[bytes] = []
@@ -183,12 +216,12 @@ class Recorder:
             else:
                 out.append(_dumps({"t": round(t - t0, 6), "dir": "in", **what}))
             if len(out) >= 4096:
-                f.write(b"".join(out))
+                _write(fd, b"".join(out))
                 out.clear()
                 self._written += written
                 written = 0
         if out:
-            f.write(b"".join(out))
+            _write(fd, b"".join(out))
         self._written += written
 
     def _creating_from(self, line: bytes) -> None:
@@ -212,8 +245,8 @@ class Recorder:
                     }
                     if "id" in call:
                         self._creating[json.dumps(call["id"])] = npc_id
-        except (ValueError, AttributeError, TypeError):
-            pass  # not a valid request: the bridge answered it with an error
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            pass  # not a valid request (nested too deeply too): the bridge answered it with an error
 
     def _created(self, line: bytes) -> None:
         """A response (or a batch of them): the engine the bridge chose for an NPC created by
@@ -224,12 +257,51 @@ class Recorder:
                 npc_id = self._creating.pop(json.dumps(reply.get("id")), None)
                 if npc_id is not None and isinstance(reply.get("result"), dict) and "engine" in reply["result"]:
                     self._npcs[npc_id]["engine"] = reply["result"]["engine"]
-        except (ValueError, AttributeError, TypeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             pass
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _open(path: str) -> int | None:
+    """``path`` opened for writing (created, truncated), or ``None`` after one line on stderr.
+    Non-blocking, so that a FIFO no process reads fails at once (ENXIO) instead of waiting for
+    a reader forever; the thread then writes it blocking."""
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nonblock | getattr(os, "O_BINARY", 0)
+    fd = None
+    try:
+        fd = os.open(path, flags, 0o666)
+        if nonblock:
+            os.set_blocking(fd, True)
+        return fd
+    except OSError as e:
+        if fd is not None:
+            os.close(fd)
+        why = "a FIFO that no process reads" if e.errno == errno.ENXIO else _reason(e)
+        _say(path, f"cannot write it ({why}); the bridge goes on without recording")
+        return None
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _say(path: str, what: str) -> None:
+    """One line on stderr, whatever the log level (the game's developer must see it)."""
+    try:
+        sys.stderr.write(f"oam-bridge: --record {path}: {what}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no stderr to say it on
 
 
 def recording_header(argv: list[str], options: dict[str, Any]) -> dict[str, Any]:
