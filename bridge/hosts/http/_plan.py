@@ -583,23 +583,29 @@ class StopScan:
         if reset:
             out, self.held, self.step_text = self.held, "", ""
         text = self.held + delta
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
+        # where a stop sequence may still begin before ``cut`` (its start is the text's end):
+        # a longer one that starts earlier than the one found wins, so wait for it
+        pending = next(
+            (p for p in range(cut) if any(len(s) > len(text) - p and s.startswith(text[p:]) for s in self.stops)),
+            -1,
+        )
+        if cut < len(text) and pending < 0:
             self.hit = True
             self.held = ""
             self.step_text += text[:cut]
             return out + text[:cut]
-        keep = max(
-            (n for s in self.stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
-            default=0,
-        )
+        keep = len(text) - pending if pending >= 0 else 0
         shown, self.held = text[: len(text) - keep], text[len(text) - keep :]
         self.step_text += shown
         return out + shown
 
     def flush(self) -> str:
-        """At the turn's end: what is still held (it was no stop sequence)."""
+        """At the turn's end: what is still held, up to a stop sequence in it (``hit``)."""
         out, self.held = self.held, ""
+        cut = min((i for i in (out.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit, out = True, out[:cut]
         self.step_text += out
         return out
 
