@@ -3,6 +3,10 @@
 The public API is what ``__all__`` names: the service and the JSON-RPC server that hosts it,
 the engines to run them on, the errors, and ``bridge.messages`` (every wire type). Import
 these from here and from ``bridge.messages``: where they are defined may change.
+
+``Service`` runs on trio. An asyncio program uses ``bridge.aio.AsyncService`` (imported from
+``bridge.aio``, so that ``import bridge`` does not import asyncio): the same operations as
+coroutines, on a service that runs on trio in a thread of its own.
 """
 
 from bridge import messages

@@ -34,10 +34,12 @@ class Limits(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=
     max_queued_turns_per_npc: int = 32
     max_nesting_depth: int = 100  # deeper JSON is refused (invalid_message)
     exit_grace_ms: int = 2000  # stdin EOF, exit or a signal: the process is gone within this
-    max_world_fact_bytes: int = 16 * 1024  # one fact's key and JSON value (not lore)
+    max_world_fact_bytes: int = 16 * 1024  # one fact's key, JSON value and scope (not lore)
     max_world_bytes: int = 64 * 1024  # every fact that is not lore
     max_lore_bytes: int = 4 * 1024 * 1024  # every lore fact
     max_lore_fact_bytes: int = 256 * 1024  # one lore fact
+    max_fact_scopes: int = 1024  # one fact's npcIds and tags entries together
+    max_world_scopes: int = 65_536  # the npcIds and tags entries of every fact, lore included
 
 
 class _Params(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):

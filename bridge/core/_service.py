@@ -77,6 +77,8 @@ class TurnEvents:
         while self._count >= self._max:
             self._room = trio.Event() if self._room.is_set() else self._room
             await self._room.wait()
+        # a turn cancelled since its last checkpoint stops here, before its next event
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     def put(self, event: m.Event) -> None:
         if self._dropped and event.turn_id in self._dropped:

@@ -53,6 +53,8 @@ from bridge.jsonrpc._transport import PendingLines, Writer
 log = logging.getLogger("oam_bridge.server")
 
 RETRY_AFTER_MS = 10
+# how often an fd-backed stdout is checked for the game having closed it (protocol.md, Lifecycle)
+OUTPUT_WATCH_S = 0.1
 
 
 def _nothing(_: Any) -> None:
@@ -125,10 +127,15 @@ class Server:
     # ---- the service's event sink ----
 
     async def wait_room(self) -> None:
+        """Return when an event may be put. Also where a cancelled turn stops: a turn whose
+        ``npc/cancel`` was answered since its last checkpoint (its engine's next chunk was
+        already on its way) raises here instead of putting one more event after the answer."""
         if self._writer is None:
             await trio.lowlevel.checkpoint()
-        elif not self._writer.has_room():  # called once per event: no second coroutine unless full
+            return
+        if not self._writer.has_room():  # called once per event: no second coroutine unless full
             await self._writer.wait_room()
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     def put(self, event: m.Event) -> None:
         if self._writer is not None:
@@ -161,8 +168,11 @@ class Server:
             if self.conn.state == "closed":  # exit: the connection is over, and so is serving
                 self._stop.set()
         except Exception as e:  # the one boundary: BridgeError keeps its code, bugs are internal_error
-            err = error_from(e, call.method)
-            return error_response(call.id, err) if call.has_id else None
+            # No local outlives the clause: the exception's traceback holds this frame, and a
+            # local naming the exception would make a cycle that keeps the call's params
+            # (megabytes, for a refused world/set of a huge scope) until a full collection.
+            reply = error_response(call.id, error_from(e, call.method))
+            return reply if call.has_id else None
         return response(call.id, result) if call.has_id else None
 
     def _overloaded(self, parsed: Parsed) -> Parsed | None:
@@ -200,6 +210,8 @@ class Server:
             async with trio.open_nursery() as nursery:
                 self.service.attach(nursery)
                 nursery.start_soon(self._run_writer, writer)
+                if out_fd is not None:
+                    nursery.start_soon(writer.watch_peer, OUTPUT_WATCH_S)
                 nursery.start_soon(self._processor, pending, writer)
                 nursery.start_soon(self._reader, recv, pending, writer)
                 if preload:
@@ -217,7 +229,7 @@ class Server:
 
     async def _run_writer(self, writer: Writer) -> None:
         await writer.run()
-        if writer.broken:
+        if writer.broken:  # the game closed our stdout: serving is over, idle or not
             self.stop()
 
     async def _refuse_unanswered(self, pending: PendingLines, writer: Writer) -> None:

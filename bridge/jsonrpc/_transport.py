@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 from collections import deque
 from collections.abc import Callable
 
@@ -120,13 +121,30 @@ class Writer:
             log.warning("protocol output closed by the peer")
         self.broken = True
         self._room.set()
+        self._wakeup.set()  # the writer task ends: nothing it holds can be written
+
+    async def watch_peer(self, every_s: float) -> None:
+        """Notice the peer closing its end while nothing is being written (an idle bridge
+        would otherwise learn it at its next write, maybe never): every ``every_s``, poll the
+        fd for an error or a hang-up (a pipe whose reader closed reports ``POLLERR``). Only
+        with an fd, where ``poll`` exists (not on Windows)."""
+        if self._fd is None or not hasattr(select, "poll"):
+            return
+        poller = select.poll()
+        poller.register(self._fd, 0)  # no events asked: POLLERR, POLLHUP and POLLNVAL come anyway
+        while not self.broken and not self.drained.is_set():
+            if poller.poll(0):
+                self._peer_gone()
+                return
+            await trio.sleep(every_s)
 
     async def run(self) -> None:
-        """The writer task: sends queued bytes, many lines per write."""
+        """The writer task: sends queued bytes, many lines per write. Ends once closed and
+        written, or when the peer is gone."""
         try:
             while True:
                 while not self._chunks:
-                    if self._closed:
+                    if self._closed or self.broken:
                         return
                     self._wakeup = trio.Event()
                     await self._wakeup.wait()

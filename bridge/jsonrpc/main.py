@@ -15,6 +15,7 @@ from bridge.core._messages import Limits
 from bridge.hosts._common import add_engine_arguments, build_registry, leave
 from bridge.hosts._stdio import ClaimedStdio, open_streams
 from bridge.jsonrpc._framing import DEFAULT_MAX_LINE_BYTES
+from bridge.jsonrpc._log import configure as configure_log
 from bridge.jsonrpc._record import Recorder, recording_header
 from bridge.jsonrpc._server import Server
 
@@ -128,8 +129,10 @@ async def _serve(args: argparse.Namespace, stdio: ClaimedStdio) -> None:
 
 
 def _open_recorder(args: argparse.Namespace) -> Recorder | None:
-    """``--record``'s recorder; a file that cannot be written ends the process with one line
-    on stderr (exit status 2)."""
+    """``--record``'s recorder. A file that cannot be written never ends the process: the
+    recorder says so in one line on stderr and the bridge serves without recording
+    (``bridge/jsonrpc/_record.py``); only a ``--script`` that cannot be re-read for the
+    header ends it here (exit status 2)."""
     if not args.record:
         return None
     try:
@@ -166,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.parent = parent
     args.argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level.upper(), format="oam-bridge %(levelname)s %(name)s: %(message)s"
-    )
+    configure_log(args.log_level)  # one line per record: what a message carries is escaped
     stdio = ClaimedStdio()
     trio.run(_serve, args, stdio)
     leave(0)

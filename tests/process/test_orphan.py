@@ -18,13 +18,15 @@ from tests.support.harness import ROOT
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process ids")
 
 # The "game": starts the bridge on pipes, then a second child that inherits the write end of
-# the bridge's stdin (as a game's other subprocesses may), prints the bridge's pid and waits.
+# the bridge's stdin and the read end of its stdout (as a game's other subprocesses may), so
+# neither pipe closes when the game dies; prints the bridge's pid and waits.
 GAME = textwrap.dedent(
     """
     import subprocess, sys, time
     bridge = subprocess.Popen([sys.executable, "-m", "bridge", "--engine", "scripted", *sys.argv[1:]],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(bridge.stdin.fileno(),))
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              pass_fds=(bridge.stdin.fileno(), bridge.stdout.fileno()))
     bridge.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\\n')
     bridge.stdin.flush()
     bridge.stdout.readline()

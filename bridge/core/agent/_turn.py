@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -50,6 +51,7 @@ from bridge.core.agent._steering import (
     judge_step,
     offered_tools,
     pin_arguments,
+    repeats,
     round_messages,
     steer,
     step_pins,
@@ -136,6 +138,10 @@ class Turn:
         self.seq = 0
         self.scope = trio.CancelScope()
         self.end_reason: WithdrawReason = "cancelled"  # why the turn was cancelled, if it was
+        # While a step's calls run: those whose first event has not gone out yet, in the
+        # model's order (``in_call_order``), and the event the later ones wait on.
+        self._call_order: deque[str] | None = None
+        self._call_sent: trio.Event | None = None
 
     def move(self, new: TurnState) -> None:
         if new not in TURN_TRANSITIONS[self.state]:
@@ -147,22 +153,55 @@ class Turn:
         self.seq += 1
         return s
 
+    # ---- the order of a step's calls ----
+
+    def in_call_order(self, call_ids: list[str]) -> None:
+        """The calls of the step about to run, in the model's order (``[]``: none). Each runs
+        in a task of its own, and trio starts tasks in no fixed order; so each call's first
+        event (``turn/toolCallRequested``, or ``turn/toolCallCompleted`` for a call the game
+        is not asked to run) waits here until the calls before it have had theirs."""
+        self._call_order = deque(call_ids) if len(call_ids) > 1 else None
+
+    async def _call_turn(self, fields: dict[str, Any]) -> None:
+        order = self._call_order
+        call_id = fields.get("call_id")
+        while order and order[0] != call_id and call_id in order:
+            if self._call_sent is None:
+                self._call_sent = trio.Event()
+            await self._call_sent.wait()
+
+    def _call_done(self, fields: dict[str, Any]) -> None:
+        order = self._call_order
+        if order and order[0] == fields.get("call_id"):
+            order.popleft()
+            sent, self._call_sent = self._call_sent, None
+            if sent is not None:
+                sent.set()
+
     # ---- events ----
 
     def put(self, kind: Callable[..., m.Event], /, **fields: Any) -> None:
         """Put an event now, past the sink's bound: for events the game must get even from a
         turn that is ending (terminal, withdrawn, the end of a call it saw requested)."""
         self.sink.put(kind(npc_id=self.npc_id, turn_id=self.id, seq=self.next_seq(), **fields))
+        if self._call_order:
+            self._call_done(fields)
 
     async def emit(self, kind: Callable[..., m.Event], /, **fields: Any) -> None:
+        if self._call_order:
+            await self._call_turn(fields)
         await self.sink.wait_room()
         # No checkpoint from here to put: a cancelled wait never consumes a seq.
         self.sink.put(kind(npc_id=self.npc_id, turn_id=self.id, seq=self.next_seq(), **fields))
+        if self._call_order:
+            self._call_done(fields)
 
     async def emit_owed(self, kind: Callable[..., m.Event], /, **fields: Any) -> None:
         """An event the game is owed (the end of a call it saw requested): waits for room,
         but if the turn is cancelled meanwhile, puts it anyway before ending."""
         try:
+            if self._call_order:
+                await self._call_turn(fields)
             await self.sink.wait_room()
         except trio.Cancelled:
             self.put(kind, **fields)
@@ -403,10 +442,16 @@ async def _tool_round(
         await trio.lowlevel.checkpoint_if_cancelled()
         turn.put_completed(progress, text, None, "tool_calls", view.revision)
         return False
-    # The game runs the calls, or every call was refused: either way each gets its output here.
+    # The game runs the calls, or every call was refused: either way each gets its output here,
+    # and each call's first event goes out in the model's order (a call repeating an earlier
+    # one's id has none).
     progress.rounds += 1
     turn.move("awaiting_tool")
-    results = await npc.run_calls(turn, calls, problems, p.tool_timeout_ms, view)
+    turn.in_call_order([c.id for c, again in zip(calls, repeats(calls), strict=True) if not again])
+    try:
+        results = await npc.run_calls(turn, calls, problems, p.tool_timeout_ms, view)
+    finally:
+        turn.in_call_order([])
     turn.move("running")
     progress.calls_made += len(calls)
     new = round_messages(text, calls, results, progress)
