@@ -40,6 +40,9 @@ from bridge.engines.llama._lines import value_pattern
         ([{"menu": [{"dish": "stew", "price": 4}, {"dish": "pie", "price": 6}, {"dish": "ale", "price": 2}]}], []),
         ([7], ["7"]),  # a tool that answers a bare number
         (["three left"], []),  # text: the model reads it, nothing is forced
+        ([{"fare": "4 copper", "departures": "every hour"}], ["4 copper"]),  # an amount written out
+        ([{"price": "12 gold coins"}, {"note": "3 copper"}], ["12 gold coins"]),  # only under a price key
+        ([{"price": "about 4 copper"}, {"cost": "4 copper, or a song"}], []),  # not an amount alone
     ],
 )
 def test_the_numbers_a_line_must_say_are_counts_and_amounts_not_ids_flags_or_menus(

@@ -156,9 +156,10 @@ def _said_number(key: str | None, v: Any) -> str | None:
 
 def values_to_say(outputs: list[Any]) -> list[str]:
     """The numbers in the tool outputs ``outputs`` (decoded JSON) that an NPC's line must
-    say: a count, a price, an amount (``{"item": "ale", "inStock": 3}``: ``3``), in order,
-    each once. Not said: booleans (``{"ok": true}``), strings (names are only favoured: see
-    ``fact_values``), negative numbers, numbers under a key naming an identifier, a
+    say: a count, a price, an amount (``{"item": "ale", "inStock": 3}``: ``3``), and an amount
+    written as a string under a price or count key (``{"fare": "4 copper"}``: ``4 copper``),
+    in order, each once. Not said: booleans (``{"ok": true}``), other strings (names are only
+    favoured: see ``fact_values``), negative numbers, numbers under a key naming an identifier, a
     timestamp, a version or a coordinate (``NOT_SAID_KEYS``: ``id``, ``orderId``,
     ``timestamp``, ``x``), numbers of more than ``SAY_MAX_DIGITS`` digits or
     ``SAY_MAX_DECIMALS`` decimals; and none at all when more than ``SAY_MAX_VALUES`` qualify
@@ -177,6 +178,9 @@ def values_to_say(outputs: list[Any]) -> list[str]:
                 walk(key, x)
         elif (text := _said_number(key, v)) is not None:
             said.append(text)
+        elif isinstance(v, str) and key is not None and _key_words(key) & (PRICE_KEYS | COUNT_KEYS):
+            if _AMOUNT.fullmatch(v.strip()):
+                said.append(v.strip())  # a price as the game writes it: "4 copper"
 
     for out in outputs:
         walk(None, out)
@@ -191,7 +195,9 @@ LIST_MAX_ENTRIES = 4
 ENTRY_MAX_CHARS = 40  # a longer string is a description, not a name
 # A key's words that make its string an entry's name, its price, or its count.
 NAME_KEYS = frozenset({"name", "item", "title", "dish", "drink", "food", "product", "label", "ware", "good"})
-PRICE_KEYS = frozenset({"price", "cost", "fee", "reward", "pay", "toll", "charge"})
+PRICE_KEYS = frozenset({"price", "cost", "fee", "fare", "rate", "reward", "pay", "toll", "charge"})
+# A string amount said as it is: a number and a unit of a word or two ("4 copper", "12 gold coins").
+_AMOUNT = re.compile(r"\d{1,6}(?:\.\d{1,2})? [A-Za-z]{2,12}(?: [A-Za-z]{2,12})?")
 COUNT_KEYS = frozenset({"count", "qty", "quantity", "stock", "left", "amount", "number", "available"})
 UNIT_KEYS = frozenset({"currency", "coin", "coins", "unit", "units"})
 _FILLER = frozenset({"the", "a", "an", "of", "and", "with", "for", "some", "bowl", "cup", "mug", "pint", "glass"})
