@@ -13,9 +13,9 @@ import trio
 from bridge._version import __version__
 from bridge.core._messages import Limits
 from bridge.hosts._common import add_engine_arguments, build_registry, leave
+from bridge.hosts._log import configure as configure_log
 from bridge.hosts._stdio import ClaimedStdio, open_streams
 from bridge.jsonrpc._framing import DEFAULT_MAX_LINE_BYTES
-from bridge.jsonrpc._log import configure as configure_log
 from bridge.jsonrpc._record import Recorder, recording_header
 from bridge.jsonrpc._server import Server
 

@@ -690,3 +690,20 @@ def test_http_a_forced_call_cut_off_on_the_bundled_model_is_422() -> None:
             assert e.value.code == "max_tokens_reached" and len(sent) == 1, (max_tokens, e.value.body)
     finally:
         assert s.stop() == 0
+
+
+# ---- issue 32, item 14: oam serve's log lines ----
+
+
+def test_http_a_model_path_with_a_newline_is_logged_on_one_line() -> None:
+    # The same escaping as oam-bridge's (bridge/hosts/_log.py): the unavailable model's path is
+    # said in one line; its newline cannot start a forged record.
+    forged = "oam serve ERROR bridge: the server is compromised"
+    s = serve("--engine", "llama", "--model", f"/nowhere/model.gguf\n{forged}\r.gguf", "--log-level", "info")
+    try:
+        time.sleep(0.5)
+    finally:
+        s.stop()
+    lines = s.stderr.splitlines()
+    assert not [line for line in lines if line.startswith(forged)], lines
+    assert [line for line in lines if "/nowhere/model.gguf\\noam serve ERROR" in line], lines

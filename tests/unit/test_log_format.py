@@ -1,4 +1,4 @@
-"""The bridge's log format (bridge/jsonrpc/_log.py): a record is one line, its message's
+"""The bridge's log format (bridge/hosts/_log.py): a record is one line, its message's
 control characters escaped; a traceback's lines are indented under it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import logging
 
-from bridge.jsonrpc._log import FORMAT, EscapingFormatter, escape_controls
+from bridge.hosts._log import FORMAT, EscapingFormatter, escape_controls
 
 
 def _logged(emit: object) -> str:

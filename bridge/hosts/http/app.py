@@ -64,6 +64,7 @@ from bridge.core._service import Service
 from bridge.engines import EngineRegistry
 from bridge.errors import BridgeError
 from bridge.hosts._common import add_engine_arguments, build_registry
+from bridge.hosts._log import configure as configure_log
 from bridge.hosts.http._plan import (
     ChatPlan,
     Refusal,
@@ -889,9 +890,7 @@ async def serve(args: argparse.Namespace, task_status: trio.TaskStatus[list[str]
 def main(argv: list[str] | None = None) -> int:
     """``oam serve ARGS``: run the server until SIGINT or SIGTERM; 0 on a clean stop."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level.upper(), format="oam serve %(levelname)s %(name)s: %(message)s"
-    )
+    configure_log(args.log_level, "oam serve")
     try:
         trio.run(serve, args)
     except OSError as e:  # the port is taken, the address is not ours

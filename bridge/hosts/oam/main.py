@@ -43,6 +43,7 @@ from bridge.core._service import Service
 from bridge.core.agent import check_schema
 from bridge.errors import EXIT_CODES, BridgeError
 from bridge.hosts._common import add_engine_arguments, build_registry
+from bridge.hosts._log import configure as configure_log
 from bridge.hosts._stdio import ClaimedStdio
 from bridge.hosts.oam._io import Prompter, TextOut, say
 from bridge.hosts.oam._models import add_parser as add_models_parser
@@ -350,9 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         return delegate(argv[0], argv[1:])
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr, level=args.log_level.upper(), format="oam %(levelname)s %(name)s: %(message)s"
-    )
+    configure_log(args.log_level, "oam")
     if args.command == "models":  # no engine, no trio: stdout is plain fd 1
         _leave(_run_models(args))
     stdio = ClaimedStdio()  # fd 1 is ours alone from here: llama.cpp's prints go to stderr

@@ -56,11 +56,11 @@ class EscapingFormatter(logging.Formatter):
         return _indented(super().formatStack(stack_info))
 
 
-def configure(level: str) -> None:
+def configure(level: str, program: str = "oam-bridge") -> None:
     """Log records at ``level`` and above to stderr, one escaped line each (and a traceback's
-    indented lines)."""
+    indented lines), each opening with ``program`` (``oam-bridge``, ``oam``, ``oam serve``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(EscapingFormatter(FORMAT))
+    handler.setFormatter(EscapingFormatter(FORMAT.replace("oam-bridge", program, 1)))
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
