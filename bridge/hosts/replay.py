@@ -77,6 +77,7 @@ import msgspec
 import trio
 
 from bridge.core._messages import Limits
+from bridge.hosts._json import nesting_ok
 
 DEFAULT_TIMEOUT_S: Final = 30.0  # seconds without a line from the bridge while a recorded one is awaited
 STARTUP_S: Final = 60.0  # the bridge's first line (its start-up, a model loading) gets this at least
@@ -272,7 +273,7 @@ class Recording:
             raise RecordingError(
                 f"{path}: line 1 is not an oam-bridge recording header (format 1): JSON nested too deeply"
             ) from None
-        if not _depth_ok(header.script, MAX_DEPTH):
+        if not nesting_ok(header.script, MAX_DEPTH):
             raise RecordingError(f"{path}: line 1: the header's script is JSON nested deeper than {MAX_DEPTH}")
         limit = header.max_line_bytes
         steps: list[Step] = []
@@ -438,7 +439,7 @@ def _expected(n: int, raw: msgspec.Raw, finished: set[str], bad: Callable[[int, 
         raise bad(n, f"JSON nested deeper than {MAX_DEPTH}") from None
     if not isinstance(msg, (dict, list)):
         raise bad(n, f'"msg" is {type(msg).__name__}: the bridge writes JSON objects and batches (arrays)')
-    if not _depth_ok(msg, MAX_DEPTH):
+    if not nesting_ok(msg, MAX_DEPTH):
         raise bad(n, f"JSON nested deeper than {MAX_DEPTH}")
     key = _key(msg, lambda t: t)
     assert key is not None
@@ -447,19 +448,6 @@ def _expected(n: int, raw: msgspec.Raw, finished: set[str], bad: Callable[[int, 
         if isinstance(params, dict) and isinstance(params.get("turnId"), str):
             finished.add(params["turnId"])
     return Expected(n, raw, key)
-
-
-def _depth_ok(obj: Any, limit: int) -> bool:
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
-            return False
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-    return True
 
 
 def bridge_argv(header: Header, script_path: str | None) -> list[str]:
@@ -591,7 +579,7 @@ class Matcher:
         self.count += 1
         try:
             msg = msgspec.json.decode(raw)
-            if not _depth_ok(msg, MAX_DEPTH):
+            if not nesting_ok(msg, MAX_DEPTH):
                 raise RecursionError
         except (msgspec.DecodeError, RecursionError):
             return Divergence("not_json", at_line, actual=raw.decode("utf-8", "replace"), actual_index=self.count)

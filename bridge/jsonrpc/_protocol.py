@@ -30,6 +30,7 @@ import msgspec
 from bridge.core import _messages as m
 from bridge.core._methods import ALLOWED_METHODS, MOVES, PARAMS, ConnectionState
 from bridge.errors import BridgeError
+from bridge.hosts._json import nesting_ok
 
 log = logging.getLogger("oam_bridge.protocol")
 
@@ -110,26 +111,6 @@ def _whole_floats_as_ints(obj: Any) -> Any:
     return obj
 
 
-def _nesting_ok(obj: Any, limit: int) -> bool:
-    """Whether no value of ``obj`` lies deeper than ``limit`` (``obj`` itself at depth 1).
-    Walks the containers only, a level at a time: a line of 300,000 strings costs one pass
-    over a list, not a Python step per string."""
-    level = [obj] if isinstance(obj, (dict, list)) else []
-    depth = 1
-    while level:
-        if depth > limit:
-            return False
-        deeper: list[Any] = []
-        for o in level:
-            values = o.values() if isinstance(o, dict) else o
-            if depth == limit and values:
-                return False  # its values lie at limit + 1
-            deeper += [v for v in values if v.__class__ is dict or v.__class__ is list]
-        level = deeper
-        depth += 1
-    return True
-
-
 def _valid_id(id_: Any) -> bool:
     if id_ is None or isinstance(id_, str):
         return True
@@ -199,7 +180,7 @@ def parse_line(line: bytes, max_nesting_depth: int = 100) -> Parsed:
         )
     # a line with fewer brackets than the depth limit cannot nest that deep: skip the walk
     brackets = line.count(b"[") + line.count(b"{") if len(line) > max_nesting_depth else 0
-    if brackets >= max_nesting_depth and not _nesting_ok(msg, max_nesting_depth):
+    if brackets >= max_nesting_depth and not nesting_ok(msg, max_nesting_depth):
         err = BridgeError("invalid_message", f"message nested deeper than {max_nesting_depth}", reason="too_deep")
         return Parsed([Invalid(None, err)], False, len(line))
     if isinstance(msg, list):

@@ -11,7 +11,8 @@ The layers:
   never a host.
 - The hosts: ``bridge.jsonrpc`` (``oam-bridge``), ``bridge.hosts.oam``, ``bridge.hosts.http``
   and ``bridge.hosts.replay``. A host imports the core and engines, and what every host shares
-  (``bridge.hosts._common``, ``bridge.hosts._log``, ``bridge.hosts._stdio``), never another host.
+  (``bridge.hosts._common``, ``bridge.hosts._json``, ``bridge.hosts._log``, ``bridge.hosts._stdio``), never
+  another host.
 - Shared by all: ``bridge.errors`` and ``bridge._version``. The package's ``__init__`` (the
   public API) imports everything, so nothing inside ``bridge`` imports it back.
 """
@@ -27,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "bridge"
 SHARED = ("bridge.errors", "bridge._version")
-HOST_SHARED = ("bridge.hosts._common", "bridge.hosts._log", "bridge.hosts._stdio")
+HOST_SHARED = ("bridge.hosts._common", "bridge.hosts._json", "bridge.hosts._log", "bridge.hosts._stdio")
 HOSTS = ("bridge.jsonrpc", "bridge.hosts.oam", "bridge.hosts.http", "bridge.hosts.replay")
 # the public faces of the package: importing them from inside would import everything
 FACES = ("bridge", "bridge.messages")

@@ -24,6 +24,7 @@ from bridge.core import _messages as m
 from bridge.engines._text._grammar import CALL_PREFIX
 from bridge.engines.base import GenerationOptions, Message, ToolCall, ToolSpec
 from bridge.errors import HTTP_STATUS, BridgeError
+from bridge.hosts._json import nesting_ok
 
 # Deeper JSON is refused (invalid_request, reason too_deep), as the JSON-RPC host refuses a
 # line nested deeper than its limits.maxNestingDepth (invalid_message, reason too_deep).
@@ -157,20 +158,6 @@ def too_deep(param: str | None = None) -> BridgeError:
     return refuse(f"{where} nested deeper than {MAX_NESTING_DEPTH} levels", param, "too_deep")
 
 
-def nesting_ok(obj: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
-    """Whether ``obj`` (decoded JSON) nests at most ``limit`` deep (a scalar is 1 deep)."""
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
-            return False
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o)
-    return True
-
-
 def decode_body(data: bytes) -> Any:
     """A request body as JSON, at most ``MAX_NESTING_DEPTH`` deep; ``invalid_request``
     otherwise (``reason`` ``not_json`` or ``too_deep``)."""
@@ -181,7 +168,7 @@ def decode_body(data: bytes) -> Any:
     except msgspec.DecodeError as e:
         raise refuse(f"the request body is not valid JSON: {e}", None, "not_json") from None
     # a body shorter than the limit cannot nest that deep: skip the walk
-    if len(data) > MAX_NESTING_DEPTH and not nesting_ok(body):
+    if len(data) > MAX_NESTING_DEPTH and not nesting_ok(body, MAX_NESTING_DEPTH):
         raise too_deep()
     return body
 
@@ -261,7 +248,7 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
             parsed = None
         if not isinstance(parsed, dict):
             raise refuse(f"{at}.function.arguments must be a JSON object in a string", at)
-        if len(args) > MAX_NESTING_DEPTH and not nesting_ok(parsed):
+        if len(args) > MAX_NESTING_DEPTH and not nesting_ok(parsed, MAX_NESTING_DEPTH):
             raise too_deep(f"{at}.function.arguments")
         calls.append(ToolCall(id=c["id"], name=fn["name"], arguments=parsed))
     return calls
