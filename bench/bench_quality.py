@@ -163,32 +163,14 @@ SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*\s*$")
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 COIN = re.compile(r"\b(\d+|" + "|".join(NUMBERS) + r")\s+(copper|silver|gold)", re.I)
 
-# The lore set of tests/model/test_llama_lore.py: the facts, the questions (the key that answers
-# each, words a line that says the fact would use), lines that call for no lore.
-LORE = {
-    "the old mill": "The old mill burned down in the winter of the wolves. Nobody rebuilt it.",
-    "the lighthouse keeper": "Old Brann kept the lighthouse for forty years until his eyes failed.",
-    "the river ford": "The ford below the bridge floods every spring, so carts go round by the north road.",
-    "the founding of the town": "Harrowgate was founded by salt traders who camped by the springs.",
-    "the baron's daughter": "Lady Elsa, the baron's daughter, ran away with a travelling bard last summer.",
-    "the silver mine": "The silver mine in the hills was sealed after a cave-in killed six miners.",
-    "the harvest festival": "Every autumn the village lights bonfires on the green and crowns a harvest queen.",
-    "the witch of the fen": "A healer lives alone in the fen; folk call her a witch but go to her when sick.",
-}
-LORE_QUESTIONS = [
-    ("What happened to the mill?", "the old mill", ("burn", "fire", "wolves")),
-    ("Is the mill still grinding grain?", "the old mill", ("burn", "fire", "wolves")),
-    ("Who used to look after the lighthouse?", "the lighthouse keeper", ("brann",)),
-    ("Can I cross the river in spring?", "the river ford", ("flood", "north road")),
-    ("Who started this town?", "the founding of the town", ("salt",)),
-    ("Where did the baron's girl go?", "the baron's daughter", ("bard", "elsa")),
-    ("Why is the mine closed?", "the silver mine", ("cave", "miners", "sealed")),
-    ("What do folk do when autumn comes?", "the harvest festival", ("bonfire", "queen")),
-    ("Is there anyone out in the marsh who can heal me?", "the witch of the fen", ("healer", "witch", "fen")),
-    ("Tell me about the old lighthouse.", "the lighthouse keeper", ("brann", "forty")),
-]
-LORE_UNRELATED = ["Hello there!", "I'll take an ale, please.", "What's your name?", "Nice weather, isn't it?"]
-LORE_PERSONA = {"name": "Greta", "role": "innkeeper of Harrowgate"}
+# The lore set (bench/quality/lore.json, shared with tests/model/test_llama_lore.py): the facts,
+# the questions (the key that answers each, words a line that says the fact would use), lines
+# that call for no lore.
+_LORE_SET = json.load(open(os.path.join(ROOT, "bench", "quality", "lore.json")))
+LORE: dict[str, str] = _LORE_SET["lore"]
+LORE_QUESTIONS = [(q["prompt"], q["key"], tuple(q["words"])) for q in _LORE_SET["questions"]]
+LORE_UNRELATED: list[str] = _LORE_SET["unrelated"]
+LORE_PERSONA: dict[str, str] = _LORE_SET["persona"]
 
 # Started by the baseline when its tree predates the portable llama.cpp wheel (5d439a8): this
 # checkout's loader registers the CPU backend (llama.cpp looks for it only beside the

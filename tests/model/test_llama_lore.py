@@ -7,6 +7,9 @@ Temperature 0.7, two seeds."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bridge import EngineRegistry, Service
@@ -26,30 +29,12 @@ problem = llama_model_problem()
 if problem:
     missing(problem)
 
-LORE = {
-    "the old mill": "The old mill burned down in the winter of the wolves. Nobody rebuilt it.",
-    "the lighthouse keeper": "Old Brann kept the lighthouse for forty years until his eyes failed.",
-    "the river ford": "The ford below the bridge floods every spring, so carts go round by the north road.",
-    "the founding of the town": "Harrowgate was founded by salt traders who camped by the springs.",
-    "the baron's daughter": "Lady Elsa, the baron's daughter, ran away with a travelling bard last summer.",
-    "the silver mine": "The silver mine in the hills was sealed after a cave-in killed six miners.",
-    "the harvest festival": "Every autumn the village lights bonfires on the green and crowns a harvest queen.",
-    "the witch of the fen": "A healer lives alone in the fen; folk call her a witch but go to her when sick.",
-}
-# (line, the lore key that answers it, words of the fact a line that mentions it would say)
-QUESTIONS = [
-    ("What happened to the mill?", "the old mill", ("burn", "fire", "wolves")),
-    ("Is the mill still grinding grain?", "the old mill", ("burn", "fire", "wolves")),
-    ("Who used to look after the lighthouse?", "the lighthouse keeper", ("brann",)),
-    ("Can I cross the river in spring?", "the river ford", ("flood", "north road")),
-    ("Who started this town?", "the founding of the town", ("salt",)),
-    ("Where did the baron's girl go?", "the baron's daughter", ("bard", "elsa")),
-    ("Why is the mine closed?", "the silver mine", ("cave", "miners", "sealed")),
-    ("What do folk do when autumn comes?", "the harvest festival", ("bonfire", "queen")),
-    ("Is there anyone out in the marsh who can heal me?", "the witch of the fen", ("healer", "witch", "fen")),
-    ("Tell me about the old lighthouse.", "the lighthouse keeper", ("brann", "forty")),
-]
-UNRELATED = ["Hello there!", "I'll take an ale, please.", "What's your name?", "Nice weather, isn't it?"]
+# The lore set, shared with bench/bench_quality.py: (line, the lore key that answers it, words
+# of the fact a line that mentions it would say), and lines that call for no lore.
+_SET = json.loads((Path(__file__).resolve().parents[2] / "bench" / "quality" / "lore.json").read_text())
+LORE: dict[str, str] = _SET["lore"]
+QUESTIONS = [(q["prompt"], q["key"], tuple(q["words"])) for q in _SET["questions"]]
+UNRELATED: list[str] = _SET["unrelated"]
 
 
 async def ask(svc: Service, npc: str, line: str, seed: int) -> TurnCompleted:
