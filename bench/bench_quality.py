@@ -4,7 +4,7 @@ baseline revision of the bridge in the same run.
 Plays the exchanges of ``bench/quality/exchanges.json`` (personas, single lines, five-turn
 conversations with and without tools, the tavern routing set, schema turns) and the
 written-first routing sets of ``bench/quality/routing_sets.json`` (healer, ferryman, quest
-giver) on the llama engine, plus the lore set of ``tests/model/test_llama_lore.py`` (8 facts
+giver) on the llama engine, plus the lore set of ``bench/quality/lore.json`` (8 facts
 given as ``world/set`` lore, 10 questions asked in other words, 4 unrelated lines). Every
 exchange (one line, one five-turn conversation, one routing line, one schema turn, one lore
 question) runs in its own fresh bridge process, so no result depends on what ran before it in
