@@ -264,3 +264,83 @@ async def test_the_steps_call_limit_is_the_budget_left(client: Client, engine: S
         ("allowed", 1),
         ("disallowed", None),
     ]
+
+
+# ---- where the bridge routes (semantic): spans of the line, and values the line means ----
+
+
+def test_a_verb_names_its_ing_and_ed_forms() -> None:
+    kinds = ["hunt", "escort", "delivery"]
+    assert a.named_value("Any monsters that need hunting?", kinds) == "hunt"
+    assert a.named_value("I escorted the merchant.", kinds) == "escort"
+    assert a.named_value("Trading today?", ["trade", "rest"]) == "trade", "a final e dropped before -ing"
+    assert a.named_value("Any beds?", ["be", "bed"]) == "bed", "short words take no verb forms ('be' -> 'bed')"
+
+
+def test_i_contractions_are_the_player_not_a_name() -> None:
+    assert a.noun_phrases("Please, I'm bleeding badly.") == []
+    assert a.noun_phrases("Have you seen Marcus?") == ["Marcus"]
+
+
+@pytest.mark.parametrize(
+    ("line", "span"),
+    [
+        ("I took an arrow in the leg, can you patch me up?", "took an arrow in the leg"),
+        ("Please, I'm bleeding badly.", "bleeding badly"),
+        ("My arm is broken, help me.", "arm"),  # one noun phrase
+        ("I delivered the letter to the mill.", "delivered the letter to the mill"),
+        ("I'm sorry, the merchant I escorted died on the road.", "merchant I escorted died on the road"),
+        ("Deliver 'the red box' now.", "the red box"),  # a quote first
+        (
+            "I got wounded in a fight with three bandits near the old mill by the river.",
+            "got wounded in a fight with three bandits",
+        ),
+        ("Help me, please!", None),  # nothing but asking
+    ],
+)
+def test_a_free_strings_span_is_a_quote_a_noun_phrase_or_the_main_clause(line: str, span: str | None) -> None:
+    assert a.line_span(line) == span
+
+
+INJURY = ToolSpec(
+    "heal_wounds",
+    "Heal the player's wounds.",
+    {"type": "object", "properties": {"injury": {"type": "string", "maxLength": 60}}, "required": ["injury"]},
+)
+
+
+def test_where_the_bridge_routes_a_free_string_takes_the_span_whatever_the_model_wrote() -> None:
+    line = "Please, I'm bleeding badly."
+    call = ToolCall("c0", "heal_wounds", {"injury": "I'm"})  # words of the line, but not the injury
+    assert a.pin_call(call, INJURY, line)[0] == call, "the model's value stands where it routes"
+    got, warnings = a.pin_call(call, INJURY, line, routed=True)
+    assert got.arguments == {"injury": "bleeding badly"}
+    assert warnings == [
+        "tool call c0 (heal_wounds): argument 'injury' set to \"bleeding badly\" from "
+        f'{PLAYERS} (the model gave "I\'m")'
+    ]
+    short = ToolSpec("t", "", {"type": "object", "properties": {"injury": {"type": "string", "maxLength": 5}}})
+    assert a.pin_call(ToolCall("c0", "t", {"injury": "x"}), short, line, routed=True)[0].arguments == {"injury": "x"}
+
+
+REPORT = ToolSpec(
+    "report_quest",
+    "Record a quest's report.",
+    {"type": "object", "properties": {"outcome": {"type": "string", "enum": ["done", "failed"]}}},
+)
+
+
+def test_a_value_the_line_means_is_pinned_unless_its_words_name_another() -> None:
+    call = ToolCall("c0", "report_quest", {"outcome": "failed"})
+    got, warnings = a.pin_call(call, REPORT, "I killed the wolves.", meant={"outcome": "done"})
+    assert got.arguments == {"outcome": "done"} and len(warnings) == 1
+    got, _ = a.pin_call(call, REPORT, "The hunt failed.", meant={"outcome": "done"})
+    assert got.arguments == {"outcome": "failed"}, "the words the line says win over what it seems to mean"
+
+
+def test_step_pins_carry_the_meant_values_under_the_words() -> None:
+    line = [Message("user", "I killed the wolves.")]
+    progress = TurnProgress(list(line), meant={"report_quest": {"outcome": "done"}, "gone": {"x": "y"}})
+    p = m.RespondParams(npc_id="n", prompt="I killed the wolves.")
+    assert step_pins(p, progress, [REPORT]) == {"report_quest": {"outcome": "done"}}, "only tools the step shows"
+    assert step_pins(m.RespondParams(npc_id="n", prompt="x", pin_arguments=False), progress, [REPORT]) == {}

@@ -4,6 +4,7 @@ fixed pseudo-random unit vector, so shared words are similar and others nearly o
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +96,64 @@ def test_the_real_embedder_loads_from_the_wheel_without_the_network() -> None:
     assert e is not None
     rows = e.words("Bring me a bowl of stew.")
     assert rows.shape == (3, 256) and np.allclose(np.linalg.norm(rows, axis=1), 1, atol=1e-5)
+
+
+# ---- closed arguments by meaning (the real vectors) ----
+
+REMEDY = ToolSpec(
+    "sell_remedy",
+    "Sell the player a remedy: a healing potion, an antidote for poison or venom, or a sleeping draught.",
+    {
+        "type": "object",
+        "properties": {"remedy": {"type": "string", "enum": ["healing potion", "antidote", "sleeping draught"]}},
+    },
+)
+OUTCOMES = {"type": "string", "enum": ["done", "failed"]}
+DESCRIBED = {
+    "type": "string",
+    "anyOf": [
+        {"const": "done", "description": "finished it, killed or delivered what was asked"},
+        {"const": "failed", "description": "lost it, gave up, got away, or someone died"},
+    ],
+}
+
+
+def report(outcome: dict[str, Any]) -> ToolSpec:
+    return ToolSpec(
+        "report_quest", "The player reports on a quest.", {"type": "object", "properties": {"outcome": outcome}}
+    )
+
+
+def test_a_values_glosses_are_the_description_clauses_that_mention_it_alone() -> None:
+    props = REMEDY.parameters["properties"]["remedy"]
+    glosses = r.value_glosses(REMEDY, "remedy", props, props["enum"])
+    assert glosses == {
+        "healing potion": ["healing potion", "a healing potion"],
+        "antidote": ["antidote", "an antidote for poison or venom"],
+        "sleeping draught": ["sleeping draught", "or a sleeping draught"],
+    }
+    assert r.value_glosses(report(DESCRIBED), "outcome", DESCRIBED, ["done", "failed"])["failed"] == [
+        "failed",
+        "lost it, gave up, got away, or someone died",
+    ]
+
+
+def test_a_closed_value_the_line_means_is_pinned_when_it_is_clearly_nearest() -> None:
+    require("wordllama", "the vectors semantic routing reads; make setup installs it with the llama extra")
+    e = r.default_embedder()
+    assert e is not None
+    assert r.meaning_pins(e, [REMEDY], "Do you have anything for snake venom?") == {
+        "sell_remedy": {"remedy": "antidote"}
+    }
+    assert r.meaning_pins(e, [REMEDY], "I can't sleep at night.") == {"sell_remedy": {"remedy": "sleeping draught"}}
+    assert r.meaning_pins(e, [REMEDY], "Two healing potions.") == {}, "named in words: enum_pins' to pin"
+    assert r.meaning_pins(e, [REMEDY], "Got anything for a spider bite?") == {}, "no value clearly nearest"
+    assert r.meaning_pins(e, [report(OUTCOMES)], "I killed the wolves you told me about.") == {
+        "report_quest": {"outcome": "done"}
+    }
+    # word vectors do not read negation; the values' descriptions say what they mean
+    assert r.meaning_pins(e, [report(OUTCOMES)], "I lost the package on the way.") == {
+        "report_quest": {"outcome": "done"}
+    }
+    for line in ("I lost the package on the way.", "I'm sorry, the merchant I escorted died on the road."):
+        assert r.meaning_pins(e, [report(DESCRIBED)], line) == {"report_quest": {"outcome": "failed"}}, line

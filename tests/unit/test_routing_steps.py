@@ -5,6 +5,8 @@ offers every tool and recall. A game that names ``recall`` as the tool choice al
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from bridge import EngineRegistry, ScriptedEngine, Service
@@ -90,3 +92,55 @@ async def test_a_first_step_the_bridge_routed_to_a_tool_makes_one_call() -> None
     assert isinstance(done, m.TurnCompleted) and done.routing is not None and done.routing.picked == "get_menu"
     first = engine.requests[0]
     assert [t.name for t in first.tools] == ["get_menu"] and first.max_calls == 1
+
+
+REMEDY = m.ToolSpec(
+    name="sell_remedy",
+    description="Sell the player a remedy: a healing potion, an antidote for poison or venom, or a sleeping draught.",
+    parameters={
+        "type": "object",
+        "properties": {"remedy": {"type": "string", "enum": ["healing potion", "antidote", "sleeping draught"]}},
+    },
+)
+HEAL = m.ToolSpec(
+    name="heal_wounds",
+    description="Heal the player's wounds.",
+    parameters={"type": "object", "properties": {"injury": {"type": "string", "maxLength": 60}}},
+)
+
+
+async def arguments_seen(
+    routing: m.RoutingPolicy, tool: m.ToolSpec, arguments: dict[str, str], line: str
+) -> tuple[list[dict[str, Any]], list[str], StepRequest]:
+    """A turn on the scripted engine whose model calls ``tool`` with ``arguments`` on ``line``
+    (``toolChoice`` required): what the game was asked to run, the warnings, the first request."""
+    engine = ScriptedEngine()
+    script = [{"toolCalls": [{"id": "c1", "name": tool.name, "arguments": arguments}]}, {"text": "There."}]
+    seen: list[dict[str, Any]] = []
+    with trio.fail_after(10):
+        async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
+            await svc.create(m.NpcConfig(npc_id="maren", tools=[tool], routing=routing, script=script))
+            turn = svc.respond(m.RespondParams(npc_id="maren", prompt=line, tool_choice="required"))
+            async for done in svc.events(turn.turn_id):
+                if isinstance(done, m.ToolCallRequested):
+                    seen.append(done.arguments)
+                    svc.submit(m.SubmitParams(npc_id="maren", call_id=done.call_id, output={"ok": True}))
+    assert isinstance(done, m.TurnCompleted), done
+    return seen, done.warnings, engine.requests[0]
+
+
+async def test_under_semantic_routing_the_value_the_line_means_reaches_the_engine_and_the_game() -> None:
+    line = "Do you have anything for snake venom?"
+    seen, warnings, first = await arguments_seen("semantic", REMEDY, {"remedy": "healing potion"}, line)
+    assert first.pinned == {"sell_remedy": {"remedy": "antidote"}}, "a constraining engine holds the call to it"
+    assert seen == [{"remedy": "antidote"}] and len(warnings) == 1
+    seen, warnings, first = await arguments_seen("model", REMEDY, {"remedy": "healing potion"}, line)
+    assert first.pinned == {} and seen == [{"remedy": "healing potion"}] and warnings == []
+
+
+async def test_under_semantic_routing_a_free_string_is_a_span_of_the_line() -> None:
+    line = "I took an arrow in the leg, can you patch me up?"
+    seen, _, _ = await arguments_seen("semantic", HEAL, {"injury": "You are mending your injury."}, line)
+    assert seen == [{"injury": "took an arrow in the leg"}]
+    seen, _, _ = await arguments_seen("model", HEAL, {"injury": "You are mending your injury."}, line)
+    assert seen == [{"injury": "You are mending your injury."}], "a model that routes well keeps its words"

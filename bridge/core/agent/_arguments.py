@@ -12,11 +12,21 @@ step of a turn (the player's line, never a later step of its tool rounds) the ag
   pinned value, and a tool's one free string argument to the span of the line it names
   (``line_phrase``), each with a warning (``pin_calls``).
 
+Where the bridge routes the turn because the engine's model chooses badly (``routing``
+``semantic``), two more rules hold, since such a model's own values are near chance:
+a closed argument the line does not name may be pinned by what the line *means*
+(``_routing.meaning_pins``: "anything for snake venom?" gives ``antidote``, from the tool's
+description "an antidote for poison or venom"), and a free string takes a span of the line
+even when the model's value is other words of it (``line_span``: the line's one noun phrase,
+else its main clause: "I took an arrow in the leg, can you patch me up?" gives "took an arrow
+in the leg").
+
 The rules, kept simple so they can be measured and predicted:
 
 - Words are compared case-insensitively, a singular matching its simple plural ("ale" and
   "ales", "loaf" and "loafs" but not "loaves", "berry" and "berries", "potato" and
-  "potatoes"); a value of several words ("back door", "front_gate") matches those words in a
+  "potatoes") and a verb its -ing and -ed forms ("hunt", "hunting", "hunted"; "trade",
+  "trading", "traded"); a value of several words ("back door", "front_gate") matches those words in a
   row. A value found inside a longer value's match does not count ("door" in "back door"),
   nor does a value of function words only ("a", "on", "none": said for other reasons).
 - The line pins a closed argument only when it names exactly one of its values: two values
@@ -77,11 +87,15 @@ def _forms(word: str) -> set[str]:
     forms = {word + "s", word + "es"}
     if len(word) > 1 and word.endswith("y"):
         forms.add(word[:-1] + "ies")
+    if len(word) > 2:  # a verb's -ing and -ed forms ("hunting", "traded"; not "a" -> "aing")
+        forms |= {word + "ing", word + "ed"}
+        if word.endswith("e"):
+            forms |= {word[:-1] + "ing", word + "d"}
     return forms
 
 
 def same_word(a: str, b: str) -> bool:
-    """Whether two lower-cased words are the same up to a simple plural."""
+    """Whether two lower-cased words are the same up to a simple plural or a verb form."""
     return a == b or a in _forms(b) or b in _forms(a)
 
 
@@ -209,7 +223,12 @@ def _stops(word: str) -> bool:
 
 
 def _is_name(token: str) -> bool:
-    return token[:1].isupper() and token != "I" and _WORD.fullmatch(token) is not None
+    return (
+        token[:1].isupper()
+        and token != "I"
+        and not token.startswith(("I'", "I’"))  # "I'm", "I've": the player, not a name
+        and _WORD.fullmatch(token) is not None
+    )
 
 
 def line_phrase(line: str, name_like: bool) -> str | None:
@@ -227,6 +246,66 @@ def line_phrase(line: str, name_like: bool) -> str | None:
     return next(p for p in noun_phrases(line) if p.lower() == phrases[0])
 
 
+# Words a clause span does not start or end with, besides stop words and determiners: a
+# player's contractions and the words that only ask ("please", "help me").
+_EDGE_WORDS = frozenset(
+    "i'm i've i'd i'll you're you've you'd it's that's there's don't can't won't didn't couldn't just really "
+    "help sorry thanks thank".split()
+)
+MAX_CLAUSE_WORDS = 8
+_CLAUSE_ENDS = frozenset(".!?,;:")
+
+
+def _edge(word: str) -> bool:
+    return _stops(word) or word in _EDGE_WORDS
+
+
+def main_clause(line: str) -> str | None:
+    """The line's main clause, trimmed to its words that carry meaning: of the clauses between
+    punctuation marks, the one with the most noun phrases, then the most words that are not
+    stop words (the first on a tie), less the stop words at either end; at most
+    ``MAX_CLAUSE_WORDS`` words (cut at the last noun phrase that fits). None: no such word."""
+    tokens = _TOKEN.findall(line)
+    clauses: list[list[str]] = [[]]
+    for t in tokens:
+        if t in _CLAUSE_ENDS:
+            clauses.append([])
+        elif _WORD.fullmatch(t):
+            clauses[-1].append(t)
+    best: tuple[int, int] | None = None
+    chosen: list[str] = []
+    for clause in clauses:
+        low = [w.lower() for w in clause]
+        key = (len(noun_phrases(" ".join(clause))), sum(not _edge(w) for w in low))
+        if key[1] and (best is None or key > best):
+            best, chosen = key, clause
+    if best is None:
+        return None
+    low = [w.lower() for w in chosen]
+    s, e = 0, len(chosen)
+    while s < e and _edge(low[s]):
+        s += 1
+    while e > s and _edge(low[e - 1]):
+        e -= 1
+    if e - s > MAX_CLAUSE_WORDS:
+        e = s + MAX_CLAUSE_WORDS
+        while e > s + 1 and _edge(low[e - 1]):
+            e -= 1
+    return " ".join(chosen[s:e])
+
+
+def line_span(line: str) -> str | None:
+    """The span of the line a free string takes where the bridge routes (``semantic``): its
+    one quoted phrase, else its one noun phrase, else its main clause (``main_clause``)."""
+    quotes = list(dict.fromkeys(quoted(line)))
+    if quotes:
+        return quotes[0] if len(quotes) == 1 else None
+    phrases = list(dict.fromkeys(p.lower() for p in noun_phrases(line)))
+    if len(phrases) == 1:
+        return next(p for p in noun_phrases(line) if p.lower() == phrases[0])
+    return main_clause(line)
+
+
 def _fits(value: str, schema: Mapping[str, Any]) -> bool:
     lo, hi = schema.get("minLength"), schema.get("maxLength")
     return (not isinstance(lo, int) or len(value) >= lo) and (not isinstance(hi, int) or len(value) <= hi)
@@ -237,8 +316,17 @@ def _said(line: str, value: str) -> bool:
     return bool(find(words(line), words(value)))
 
 
-def pin_call(call: ToolCall, tool: ToolSpec | None, line: str) -> tuple[ToolCall, list[str]]:
-    """The call with the arguments the line pins, and a warning for each value replaced."""
+def pin_call(
+    call: ToolCall,
+    tool: ToolSpec | None,
+    line: str,
+    meant: Mapping[str, str] | None = None,
+    routed: bool = False,
+) -> tuple[ToolCall, list[str]]:
+    """The call with the arguments the line pins, and a warning for each value replaced.
+    ``meant``: the closed values the line means (``_routing.meaning_pins``), for arguments its
+    words pin nothing for; ``routed``: the bridge routed the turn (a weak model's free string
+    takes ``line_span`` whatever it was)."""
     if tool is None:
         return call, []
     props = _properties(tool)
@@ -255,10 +343,15 @@ def pin_call(call: ToolCall, tool: ToolSpec | None, line: str) -> tuple[ToolCall
         )
         args[arg] = value
 
-    for arg, value in enum_pins(line, [tool]).get(tool.name, {}).items():
+    said = enum_pins(line, [tool]).get(tool.name, {})
+    for arg, value in {**(meant or {}), **said}.items():
         replace(arg, value)
     free = [a for a, s in props.items() if is_free_string(s)]
-    if len(free) == 1 and isinstance(args.get(free[0]), str):
+    if len(free) == 1 and routed and free[0] in args:
+        span = line_span(line)
+        if span is not None and _fits(span, props[free[0]]):
+            replace(free[0], span)
+    elif len(free) == 1 and isinstance(args.get(free[0]), str):
         arg, model_value = free[0], args[free[0]]
         if not _said(line, model_value):
             prose = any(w in PROSE_ARGS for w in words(arg))
@@ -270,12 +363,18 @@ def pin_call(call: ToolCall, tool: ToolSpec | None, line: str) -> tuple[ToolCall
     return ToolCall(call.id, call.name, args), warnings
 
 
-def pin_calls(calls: list[ToolCall], tools: Mapping[str, ToolSpec], line: str) -> tuple[list[ToolCall], list[str]]:
+def pin_calls(
+    calls: list[ToolCall],
+    tools: Mapping[str, ToolSpec],
+    line: str,
+    meant: Mapping[str, Mapping[str, str]] | None = None,
+    routed: bool = False,
+) -> tuple[list[ToolCall], list[str]]:
     """``pin_call`` for each call of a step's batch: the calls, and the warnings."""
     out: list[ToolCall] = []
     warnings: list[str] = []
     for call in calls:
-        pinned, said = pin_call(call, tools.get(call.name), line)
+        pinned, said = pin_call(call, tools.get(call.name), line, (meant or {}).get(call.name), routed)
         out.append(pinned)
         warnings.extend(said)
     return out, warnings

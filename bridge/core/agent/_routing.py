@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bridge.core._messages import RoutingPolicy
+from bridge.core.agent._arguments import closed_values, enum_pins, same_word, words
 from bridge.engines.base import ToolSpec
 
 Vectors = NDArray[np.float32]
@@ -325,6 +326,74 @@ def warm(tools: Sequence[ToolSpec]) -> None:
         TABLES.build(embedder, tools)
 
 
+# ---- closed arguments by meaning ----
+#
+# Under ``semantic`` a closed argument the line's words do not name may still be pinned by
+# what the line means: "Do you have anything for snake venom?" names no remedy, but the tool's
+# description says "an antidote for poison or venom". Each value is compared with the line on
+# its own words and on its glosses (the clauses of the tool's and the argument's descriptions
+# that mention it and no other value, and an ``anyOf``/``oneOf`` entry's ``description`` or
+# ``title``); the best value is pinned when it is at least MEANING_FLOOR similar and
+# MEANING_MARGIN ahead of the next. Static word vectors do not read negation ("I lost the
+# package" is near "done"): a game gives such values descriptions
+# (``{"const": "failed", "description": "lost, gave up, or someone died"}``).
+MEANING_FLOOR = 0.2
+MEANING_MARGIN = 0.08
+_CLAUSE = re.compile(r"[,:;.()]")
+
+
+def value_glosses(tool: ToolSpec, arg: str, schema: object, values: Sequence[str]) -> dict[str, list[str]]:
+    """Per value of a closed argument, the texts it is compared on: itself and its glosses."""
+    out = {v: [v] for v in values}
+    spec = schema if isinstance(schema, dict) else {}
+    for alt in spec.get("anyOf", spec.get("oneOf", [])) or []:
+        if isinstance(alt, dict) and alt.get("const") in out:
+            out[alt["const"]] += [str(alt[k]) for k in ("description", "title") if isinstance(alt.get(k), str)]
+    described = [tool.description, spec.get("description") if isinstance(spec.get("description"), str) else ""]
+    for clause in (c.strip() for text in described for c in _CLAUSE.split(str(text))):
+        said = words(clause)
+        mentions = [v for v in values if _mentions(said, v)]
+        if len(mentions) == 1 and clause.lower() != mentions[0].lower():
+            out[mentions[0]].append(clause)
+    return out
+
+
+def _mentions(said: list[str], value: str) -> bool:
+    meaning = content_words(value)
+    return any(any(same_word(w, m) for w in said) for m in meaning)
+
+
+def _aligned(a: Vectors, b: Vectors) -> float:
+    sims = a @ b.T
+    return float(0.5 * (sims.max(axis=1).mean() + sims.max(axis=0).mean()))
+
+
+def meaning_pins(embedder: Embedder, tools: Sequence[ToolSpec], line: str) -> dict[str, dict[str, str]]:
+    """Per tool, the closed argument values the line means though its words name none
+    (blocking: a worker thread). Arguments whose values the line names are left to
+    ``_arguments.enum_pins``."""
+    if not line.strip():
+        return {}
+    named = enum_pins(line, tools)
+    q = embedder.words(line)
+    out: dict[str, dict[str, str]] = {}
+    for tool in tools:
+        props = tool.parameters.get("properties")
+        for arg, schema in props.items() if isinstance(props, dict) else ():
+            values = closed_values(schema)
+            if not values or len(values) < 2 or arg in named.get(tool.name, {}):
+                continue
+            glosses = value_glosses(tool, arg, schema, values)
+            scores = sorted(
+                ((max(_aligned(q, _VALUE_ROWS.rows(embedder, t)) for t in texts), v) for v, texts in glosses.items()),
+                reverse=True,
+            )
+            (best, value), (second, _) = scores[0], scores[1]
+            if best >= MEANING_FLOOR and best - second >= MEANING_MARGIN:
+                out.setdefault(tool.name, {})[arg] = value
+    return out
+
+
 # ---- lore without a tool call ----
 #
 # Under ``semantic`` the bridge does not offer ``recall`` (the small model never calls it): it
@@ -417,6 +486,7 @@ class _RowCache:
 
 
 _LORE_ROWS = _RowCache()
+_VALUE_ROWS = _RowCache(1024)
 
 
 class _LoreTables:

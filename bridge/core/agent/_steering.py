@@ -70,6 +70,8 @@ class TurnProgress:
     warnings: list[str] = field(default_factory=list)
     routing: m.RoutingInfo | None = None  # how the first step chose its tool (_routing.py)
     lead: str | None = None  # the lore sentence the line opens with (_routing.lore_lead)
+    weak: bool = False  # the turn's policy is semantic: its model chooses (and fills arguments) badly
+    meant: dict[str, dict[str, str]] = field(default_factory=dict)  # _routing.meaning_pins, when weak
 
     def warn(self, warning: str) -> None:
         """Add a warning for turn/completed, once however often it happens."""
@@ -135,9 +137,18 @@ def player_line(p: m.RespondParams, step: int, working: list[Message]) -> str | 
 
 
 def step_pins(p: m.RespondParams, progress: TurnProgress, tools: list[ToolSpec]) -> dict[str, dict[str, str]]:
-    """For the step's request: per tool, the closed argument values the player's line names."""
+    """For the step's request: per tool, the closed argument values the player's line names,
+    and under semantic routing those it means (``TurnProgress.meant``)."""
     line = player_line(p, progress.step, progress.working)
-    return {} if line is None else enum_pins(line, tools)
+    if line is None:
+        return {}
+    named = enum_pins(line, tools)
+    offered = {t.name for t in tools}
+    return {
+        name: {**progress.meant.get(name, {}), **named.get(name, {})}
+        for name in offered
+        if name in named or name in progress.meant
+    }
 
 
 def pin_arguments(
@@ -148,7 +159,7 @@ def pin_arguments(
     line = player_line(p, step, progress.working)
     if line is None or not calls:
         return calls
-    pinned, warnings = pin_calls(calls, {t.name: t for t in tools}, line)
+    pinned, warnings = pin_calls(calls, {t.name: t for t in tools}, line, progress.meant, progress.weak)
     for warning in warnings:
         progress.warn(warning)
     return pinned

@@ -38,6 +38,7 @@ from bridge.core.agent._routing import (
     default_embedder,
     embedder_ready,
     lore_lead,
+    meaning_pins,
     resolve_policy,
     retrieve_lore,
     route,
@@ -320,7 +321,7 @@ async def _steps(npc: Npc, turn: Turn) -> None:
     working = list(turn.resume) if turn.resume else [Message(role="user", content=p.prompt, name=turn.speaker)]
     progress = TurnProgress(working, await npc.window.messages_tokens(working), schema=p.schema)
     if not turn.resume or all(msg.role == "user" for msg in turn.resume):  # not mid-turn (a host's resume)
-        progress.routing, progress.lead = await _route(npc, p)
+        await _route(npc, p, progress)
     while True:
         # The world as this step sees it: a change after this line applies from the next step.
         view = npc.view()
@@ -360,42 +361,61 @@ def _policy(npc: Npc, p: m.RespondParams) -> Literal["model", "semantic"]:
     return resolve_policy(p.routing or npc.config.routing, weak_tool_choice(npc.engine))
 
 
-async def _route(npc: Npc, p: m.RespondParams) -> tuple[m.RoutingInfo | None, str | None]:
-    """Who chooses the first step's tool (``routing``): the model, or the bridge from the
-    player's line; and under ``semantic``, the lore the line calls for (in a worker thread:
-    embedding is CPU work), with the lore sentence the line opens with (``lore_lead``). None:
-    no tool to choose and no lore to find."""
+async def _route(npc: Npc, p: m.RespondParams, progress: TurnProgress) -> None:
+    """Who chooses the first step's tool (``progress.routing``): the model, or the bridge from
+    the player's line; and under ``semantic``, the lore the line calls for (in a worker thread:
+    embedding is CPU work), with the lore sentence the line opens with (``progress.lead``,
+    ``lore_lead``), and the closed argument values the line means (``progress.meant``,
+    ``meaning_pins``). Left as they are: no tool to choose, no argument to pin and no lore to find."""
     view = npc.view()
     lore = {k: render_value(v) for k, v in view.lore.items()} if p.prompt else {}
     facts = {k: render_value(v) for k, v in view.facts.items()} if p.prompt and p.schema is None else {}
     routed = p.tool_choice in ("auto", "tool_or_answer") and bool(npc.tools) and bool(p.prompt)
-    if not routed and not lore and not facts:
-        return None, None
+    pinnable = p.pin_arguments and bool(npc.tools) and bool(p.prompt) and p.tool_choice != "none"
+    if not routed and not pinnable and not lore and not facts:
+        return
     embedder = embedder_ready()
     if embedder is None and _policy(npc, p) == "semantic":
         embedder = await trio.to_thread.run_sync(default_embedder)
+    reported = routed or bool(lore) or bool(facts)  # turn/completed's routing: else null
     if embedder is None or _policy(npc, p) == "model":
-        return m.RoutingInfo(policy="model"), None
-    tools = list(npc.tools.values()) if routed else []
-    got, found, lead = await trio.to_thread.run_sync(_route_and_retrieve, embedder, tools, p.prompt, lore, facts)
+        progress.routing = m.RoutingInfo(policy="model") if reported else None
+        return
+    got, found, lead, meant = await trio.to_thread.run_sync(
+        _route_and_retrieve,
+        embedder,
+        list(npc.tools.values()) if routed else [],
+        list(npc.tools.values()) if pinnable else [],
+        p.prompt,
+        lore,
+        facts,
+    )
     keys = [k for k, _ in found]
-    if got is None:
-        return m.RoutingInfo(policy="semantic", lore=keys), lead
-    return m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score, lore=keys), lead
+    if got is not None:
+        progress.routing = m.RoutingInfo(policy="semantic", picked=got.picked, score=got.score, lore=keys)
+    elif reported:
+        progress.routing = m.RoutingInfo(policy="semantic", lore=keys)
+    progress.lead, progress.meant, progress.weak = lead, meant, True
 
 
 def _route_and_retrieve(
-    embedder: Embedder, tools: list[ToolSpec], line: str, lore: dict[str, str], facts: dict[str, str]
-) -> tuple[Route | None, list[tuple[str, float]], str | None]:
+    embedder: Embedder,
+    tools: list[ToolSpec],
+    pinnable: list[ToolSpec],
+    line: str,
+    lore: dict[str, str],
+    facts: dict[str, str],
+) -> tuple[Route | None, list[tuple[str, float]], str | None, dict[str, dict[str, str]]]:
     """In a worker thread: the first step's tool among ``tools`` (None: none to choose), the
-    lore entries (among what the NPC sees) most similar to the line, and the sentence the line
+    lore entries (among what the NPC sees) most similar to the line, the sentence the line
     opens with (``lore_lead``): of that lore, else of the NPC's facts (the storm, asked about
-    the weather)."""
+    the weather), and the closed argument values of ``pinnable`` the line means."""
     found = retrieve_lore(embedder, lore, line)
     lead = lore_lead(embedder, lore, line, found)
     if lead is None and facts:
         lead = lore_lead(embedder, facts, line, retrieve_lore(embedder, facts, line, max_entries=1))
-    return (route(embedder, tools, line) if tools else None), found, lead
+    meant = meaning_pins(embedder, pinnable, line) if pinnable else {}
+    return (route(embedder, tools, line) if tools else None), found, lead, meant
 
 
 async def _request(npc: Npc, p: m.RespondParams, progress: TurnProgress, view: View) -> tuple[StepRequest, int, int]:
