@@ -160,6 +160,10 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
     # llama: where the prompt's form comes from, once the model has loaded: "gguf" (the model
     # file's own chat template) or "chatml-fallback" (the file has none: ChatML)
     chat_template: str | None = None
+    # llama, once the model has loaded: threads for single-token passes (one NPC generating),
+    # and for larger ones (prompt chunks, several NPCs at once)
+    threads: int | None = None
+    batch_threads: int | None = None
 
 
 class Engine(Protocol):

@@ -45,7 +45,19 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         "--llama-threads",
         type=int,
         default=int(os.environ.get("OAM_LLAMA_THREADS", "0")),
-        help="llama engine: threads for generating tokens (env OAM_LLAMA_THREADS; default: all cores but one)",
+        help=(
+            "llama engine: the threads all of llama.cpp's work runs on, so the bridge keeps to that many cores "
+            "(env OAM_LLAMA_THREADS; default: the usable cores but one, which stays with the game)"
+        ),
+    )
+    ap.add_argument(
+        "--llama-batch-threads",
+        type=int,
+        default=int(os.environ.get("OAM_LLAMA_BATCH_THREADS", "0")),
+        help=(
+            "llama engine: threads for prompt chunks and passes of several NPCs, if not --llama-threads "
+            "(env OAM_LLAMA_BATCH_THREADS)"
+        ),
     )
     ap.add_argument(
         "--llama-parallel",
@@ -137,6 +149,8 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
         llama_kwargs["n_ctx"] = args.llama_ctx
     if args.llama_threads:
         llama_kwargs["n_threads"] = args.llama_threads
+    if args.llama_batch_threads:
+        llama_kwargs["n_threads_batch"] = args.llama_batch_threads
     if args.llama_parallel:
         llama_kwargs["n_parallel"] = args.llama_parallel
     openai_kwargs: dict[str, object] = {

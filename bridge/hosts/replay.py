@@ -103,6 +103,7 @@ _FLAGS: Final = {
     "model": "--model",
     "llama_ctx": "--llama-ctx",
     "llama_threads": "--llama-threads",
+    "llama_batch_threads": "--llama-batch-threads",
     "openai_url": "--openai-url",
     "openai_model": "--openai-model",
     "openai_timeout": "--openai-timeout",
@@ -121,6 +122,7 @@ _ENV_OF_OPTIONS: Final = (
     "OAM_LLAMA_MODEL",
     "OAM_LLAMA_CTX",
     "OAM_LLAMA_THREADS",
+    "OAM_LLAMA_BATCH_THREADS",
     "OAM_LLAMA_VERBOSE",
     "OAM_OPENAI_URL",
     "OAM_OPENAI_MODEL",
@@ -153,6 +155,7 @@ class _Options(msgspec.Struct):
     model: _Text | None = None
     llama_ctx: int | None = None
     llama_threads: int | None = None
+    llama_batch_threads: int | None = None
     openai_url: _Text | None = None
     openai_model: _Text | None = None
     openai_timeout: float | None = None

@@ -86,6 +86,20 @@ def _warn_no_template(path: str) -> None:
 _ASKS_NAME = re.compile(r"\b(?:your name|who are you|who're you|call you|who runs|who is the)\b", re.I)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's
+    cpuset) where the platform has one, else every core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """llama.cpp's threads when the game sets none: every usable core but one."""
+    return max(1, usable_cores() - 1)
+
+
 class LlamaEngine:
     """llama.cpp (llama-cpp-python): one model shared by the NPCs that use it, a saved
     context per NPC, GBNF-constrained tool calls and JSON answers.
@@ -108,8 +122,12 @@ class LlamaEngine:
         verbose: bool = False,
         extra_buffers: bool | None = None,
         n_parallel: int | None = None,
+        n_threads_batch: int | None = None,
     ) -> None:
-        """``extra_buffers``: llama.cpp's AMX / weight-repacking buffers (see
+        """``n_threads``: the threads all of llama.cpp's work runs on (``$OAM_LLAMA_THREADS``;
+        default: the cores this process may run on but one, which stays with the game);
+        ``n_threads_batch``: threads for passes of more than one token (prompt chunks, several
+        NPCs at once), default ``n_threads``. ``extra_buffers``: llama.cpp's AMX / weight-repacking buffers (see
         ``_model.load_model``); default ``$OAM_LLAMA_EXTRA_BUFFERS``, off. ``n_parallel``:
         NPCs whose steps decode together (``$OAM_LLAMA_PARALLEL``, default 8); ``n_ctx``:
         the KV cells they share, and the longest prompt and answer of one NPC."""
@@ -135,12 +153,11 @@ class LlamaEngine:
             return
         if not verbose:  # llama.cpp logs to stderr (never stdout: fd 1 is claimed) only if asked
             silence_llama_logs()
-        cores = max(1, os.cpu_count() or 1)
-        # Decoding leaves one core to the game and the bridge's own loop: ggml's threads meet
-        # at a barrier on every op, so one of them preempted stalls the token. The prompt is
-        # read with every core (short bursts, where throughput wins).
-        threads = n_threads or max(1, cores - 1)
-        self.threads = (threads, cores)
+        # All of llama.cpp's work leaves one core to the game and the bridge's own loop: ggml's
+        # threads meet at a barrier on every op, so one of them preempted (by the game's frame)
+        # stalls the whole pass; prompt chunks and passes of several NPCs included (issue 33).
+        threads = n_threads or default_threads()
+        self.threads = (threads, n_threads_batch or threads)
         # The Llama object holds the model and its tokenizer; steps decode in the batch
         # scheduler's own context (_batch.py), so Llama's context is the smallest there is.
         llm = load_model(
@@ -164,7 +181,7 @@ class LlamaEngine:
             _warn_no_template(self.model_path)
         self._llm = llm
         self._gen = Generator(
-            llm, self._n_ctx, self._states, max(1, parallel), threads, cores, self._renderer.stop_markers
+            llm, self._n_ctx, self._states, max(1, parallel), *self.threads, self._renderer.stop_markers
         )
         self._gen.scan_vocabulary()
 
@@ -182,6 +199,8 @@ class LlamaEngine:
             features=[*FEATURES, "weak_tool_choice"] if self.weak_tool_choice else list(FEATURES),
             cpu_variant=cpu_variant(),
             chat_template=self._renderer.source if self._llm is not None else None,
+            threads=self.threads[0] if self._llm is not None else None,
+            batch_threads=self.threads[1] if self._llm is not None else None,
         )
 
     def _tokens(self, prompt: str) -> list[int]:
