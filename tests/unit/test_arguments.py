@@ -344,3 +344,46 @@ def test_step_pins_carry_the_meant_values_under_the_words() -> None:
     p = m.RespondParams(npc_id="n", prompt="I killed the wolves.")
     assert step_pins(p, progress, [REPORT]) == {"report_quest": {"outcome": "done"}}, "only tools the step shows"
     assert step_pins(m.RespondParams(npc_id="n", prompt="x", pin_arguments=False), progress, [REPORT]) == {}
+
+
+# ---- counts ----
+
+ORDER = ToolSpec(
+    "take_order",
+    "Take an order.",
+    {
+        "type": "object",
+        "properties": {
+            "item": {"type": "string", "enum": STOCK},
+            "quantity": {"type": "integer", "minimum": 1, "maximum": 20},
+        },
+    },
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "count"),
+    [
+        ("I'll have two ales, please.", 2),
+        ("3 loaves of bread", 3),
+        ("A dozen ales for my crew!", 12),
+        ("Two ales and three stews.", None),  # several counts
+        ("It costs 1.5 silver.", None),  # not a count
+        ("The ale in room 12b.", None),
+        ("An ale.", None),  # an article is a count only where the bridge routes
+    ],
+)
+def test_a_count_the_line_says_is_the_integer_arguments(line: str, count: int | None) -> None:
+    assert a.line_number(line) == count
+
+
+def test_the_one_integer_argument_takes_the_count_within_its_bounds() -> None:
+    assert pinned("I'll have two ales, please.", ORDER, item="ale", quantity=5) == {"item": "ale", "quantity": 2}
+    assert pinned("Forty ales!", ORDER, item="ale", quantity=5)["quantity"] == 5, "no number word past twelve"
+    assert pinned("I'll have 40 ales.", ORDER, item="ale", quantity=5)["quantity"] == 5, "over the maximum"
+    call = ToolCall("c0", "take_order", {"item": "stew", "quantity": 2})
+    assert a.pin_call(call, ORDER, "A bowl of stew for me.")[0] == call
+    assert a.pin_call(call, ORDER, "A bowl of stew for me.", routed=True)[0].arguments == {
+        "item": "stew",
+        "quantity": 1,
+    }

@@ -31,6 +31,9 @@ The rules, kept simple so they can be measured and predicted:
   nor does a value of function words only ("a", "on", "none": said for other reasons).
 - The line pins a closed argument only when it names exactly one of its values: two values
   named ("ale or bread?") leave the model's choice alone, as does a line naming none.
+- A tool's only integer argument takes the one count the line says, in digits or words
+  ("two ales" gives 2, "a dozen eggs" 12; several counts, or one outside the argument's
+  ``minimum``/``maximum``/``enum``: the model's value stands).
 - A free string argument (no ``enum``, ``const``, ``pattern`` or ``format``) is touched only
   when it is the tool's only one, and only when the model's value is not already words of the
   line. It takes the line's one quoted phrase; without a quote, when it holds a name (its
@@ -306,6 +309,39 @@ def line_span(line: str) -> str | None:
     return main_clause(line)
 
 
+NUMBER_WORDS = {
+    w: n for n, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
+}
+NUMBER_WORDS |= {"a dozen": 12, "dozen": 12, "a couple of": 2, "a pair of": 2}
+_NUMBER = re.compile(
+    r"(?<![\w.,-])(\d{1,6})(?!\w|[.,]\d)|\b("
+    + "|".join(sorted((re.escape(w) for w in NUMBER_WORDS), key=len, reverse=True))
+    + r")\b",
+    re.I,
+)
+_ARTICLE = re.compile(r"\b(?:a|an)\s+[^\W\d_]", re.I)
+
+
+def line_number(line: str, article: bool = False) -> int | None:
+    """The one count the line says, in digits or words ("two ales", "3 loaves", "a dozen
+    eggs"); None for none or several. ``article``: with no count said, "a"/"an" before a word
+    says 1 ("A bowl of lamb stew"), where the bridge routes (a weak model's own count is a
+    guess)."""
+    said = {int(m[1]) if m[1] else NUMBER_WORDS[m[2].lower()] for m in _NUMBER.finditer(line)}
+    if len(said) == 1:
+        return said.pop()
+    if not said and article and _ARTICLE.search(line):
+        return 1
+    return None
+
+
+def _in_bounds(n: int, schema: Mapping[str, Any]) -> bool:
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if isinstance(schema.get("enum"), list) and n not in schema["enum"]:
+        return False
+    return (not isinstance(lo, (int, float)) or n >= lo) and (not isinstance(hi, (int, float)) or n <= hi)
+
+
 def _fits(value: str, schema: Mapping[str, Any]) -> bool:
     lo, hi = schema.get("minLength"), schema.get("maxLength")
     return (not isinstance(lo, int) or len(value) >= lo) and (not isinstance(hi, int) or len(value) <= hi)
@@ -333,8 +369,8 @@ def pin_call(
     args = dict(call.arguments)
     warnings: list[str] = []
 
-    def replace(arg: str, value: str) -> None:
-        if arg in args and args[arg] == value:
+    def replace(arg: str, value: str | int) -> None:
+        if arg in args and args[arg] == value and type(args[arg]) is type(value):
             return
         was = json.dumps(args[arg]) if arg in args else "nothing"
         warnings.append(
@@ -346,6 +382,11 @@ def pin_call(
     said = enum_pins(line, [tool]).get(tool.name, {})
     for arg, value in {**(meant or {}), **said}.items():
         replace(arg, value)
+    counts = [a for a, s in props.items() if isinstance(s, dict) and s.get("type") == "integer"]
+    if len(counts) == 1:
+        number = line_number(line, article=routed)
+        if number is not None and _in_bounds(number, props[counts[0]]):
+            replace(counts[0], number)
     free = [a for a, s in props.items() if is_free_string(s)]
     if len(free) == 1 and routed and free[0] in args:
         span = line_span(line)
