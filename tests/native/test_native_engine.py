@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -41,9 +42,9 @@ def built_library():
 from bridge.engines import native  # noqa: E402
 
 
-def req(text: str = "hi", mode: str = "allowed", tools: list[ToolSpec] | None = None) -> StepRequest:
+def req(text: str = "hi", mode: str = "allowed", tools: list[ToolSpec] | None = None, npc: str = "npc") -> StepRequest:
     return StepRequest(
-        npc_id="npc",
+        npc_id=npc,
         instructions="You are a guard.",
         messages=[Message("user", text)],
         tools=tools if tools is not None else [ToolSpec("open_gate")],
@@ -250,7 +251,7 @@ async def test_many_concurrent_steps():
     results: dict[tuple[int, int], str] = {}
 
     async def run(i: int, j: int) -> None:
-        chunks = await collect(engines[i], req(f"{i}-{j}"))
+        chunks = await collect(engines[i], req(f"{i}-{j}", npc=f"npc{j}"))  # 4 NPCs on each engine
         results[(i, j)] = "".join(c.delta for c in chunks if isinstance(c, TextChunk))
 
     async with trio.open_nursery() as n:
@@ -262,6 +263,31 @@ async def test_many_concurrent_steps():
         texts = sorted(results[(i, j)] for j in range(4))
         assert f"npc {i} says hello there" in texts  # exactly one step got the script
         assert sum(t.startswith("You said:") for t in texts) == 3
+
+
+@pytest.mark.trio
+async def test_two_npcs_step_together_and_one_npcs_second_step_is_busy():
+    """One step per NPC, NPCs together (PlanStepGate, the Apple backend's rule: issue 34 found
+    NPC b's turn failing busy while NPC a spoke); the NPC's next step starts as soon as the
+    host has seen its previous one end (the gate opens before the terminal event is pulled)."""
+    e = native.NativeEngine(script=[{"text": "a long line " * 10, "chunkMs": 20}, {"text": "b line", "delayMs": 50}])
+    got: dict[str, Any] = {}
+
+    async def run(key: str, npc: str, delay: float) -> None:
+        await trio.sleep(delay)
+        try:
+            got[key] = "".join(c.delta for c in await collect(e, req(npc=npc)) if isinstance(c, TextChunk))
+        except BridgeError as err:
+            got[key] = err.code
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run, "a", "alice", 0)
+        n.start_soon(run, "b", "bob", 0.05)
+        n.start_soon(run, "a again", "alice", 0.1)
+    assert got["a"].startswith("a long line") and got["b"] == "b line"
+    assert got["a again"] == "busy", "a second step of the same NPC while its first runs"
+    for i in range(20):  # back to back: never busy
+        assert "".join(c.delta for c in await collect(e, req(f"{i}", npc="alice")) if isinstance(c, TextChunk))
 
 
 @pytest.mark.trio

@@ -156,24 +156,34 @@ async def test_prewarm_benefit() -> None:
     print(f"prewarm: first chunk cold {cold:.2f} s, after npc/prewarm {warm:.2f} s")
 
 
-async def test_busy_and_cancel_then_the_engine_serves_again() -> None:
-    """One step per engine (busy); a cancelled step does not stall the next one."""
+async def test_two_npcs_at_once_busy_for_one_and_cancel_then_the_engine_serves_again() -> None:
+    """Two NPCs' steps run together (issue 34: the second failed busy); a second step of the
+    same NPC is busy; a cancelled step does not stall the NPC's next one."""
     e = engine()
     long_ask = req([Message("user", "Tell me the long story of the tavern.")], mode="disallowed")
+    other = req([Message("user", "Say hello to the guard.")], mode="disallowed", npc="bram")
     codes: list[str] = []
+    answered: list[str] = []
 
-    async def second() -> None:
+    async def second_of_the_same_npc() -> None:
         await trio.sleep(0.2)
         try:
             await run(e, long_ask)
         except BridgeError as err:
             codes.append(err.code)
 
+    async def another_npc() -> None:
+        await trio.sleep(0.1)
+        text, _, _, _ = await run(e, other)
+        answered.append(text)
+
     async with trio.open_nursery() as n:
-        n.start_soon(second)
+        n.start_soon(second_of_the_same_npc)
+        n.start_soon(another_npc)
         with trio.move_on_after(1.0):
             await run(e, long_ask)   # cancelled after 1 s
-    print(f"second step while the first ran: {codes}")
+    print(f"second step of the same NPC while its first ran: {codes}; another NPC meanwhile: {answered}")
     assert codes == ["busy"]
+    assert answered and answered[0].strip()
     text, _, _, _ = await run(e, req([Message("user", "Say hi.")], mode="disallowed"))
     assert text.strip()

@@ -22,9 +22,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     private let guardrails: String
     private let warmSession: LanguageModelSession?   // kept alive so the prewarm is not dropped
     private let lock = NSLock()
-    private var openStep: Int?                   // serial of the step that has not ended yet (→ busy)
-    private var serial = 0
-    private var lastTask: Task<Void, Never>?     // the previous step's model task (may be draining)
+    private let gate = PlanStepGate()            // one step per NPC at a time, NPCs together
     private var warmed: [AppleWarmSession] = []  // prewarm(_:step:), oldest first
     private var carried: [String: [String]] = [:]  // npc -> warnings for its next step (late tool calls)
     private static let warmLimit = 16            // NPCs whose prewarmed session is kept
@@ -138,7 +136,6 @@ final class AppleBackend: Backend, @unchecked Sendable {
             let w = taskBox.warnings + (late.isEmpty ? [] : [PlanToolCollector.lateWarning(late)])
             step.finish(AppleBackend.doneEvent(reason: "tool_calls", input: inputEstimate,
                                               output: taskBox.toolCallTokens, cached: 0, warnings: w))
-            taskBox.end()      // the step is over for the host: the next step may start
         }
         let collector = PlanToolCollector(quietMs: 25) { calls in
             step.push(.object(["type": .string("toolCalls"), "calls": .array(calls.map(\.json))]))
@@ -159,31 +156,25 @@ final class AppleBackend: Backend, @unchecked Sendable {
         let stepWarnings = warnings
         taskBox.warnings = stepWarnings   // set before the task exists: no tool call can fire earlier
 
-        // One step at a time per engine. A step that has ended (done/error/cancelled) may
-        // still have a model task draining; the next step's task waits for it first.
-        lock.lock()
-        if openStep != nil {
-            lock.unlock()
-            throw OamError("busy", "a step is already running on this engine")
-        }
-        serial += 1
-        let mine = serial
-        openStep = mine
-        let previous = lastTask
-        lock.unlock()
+        // One step per NPC at a time; different NPCs' steps run together, each on its own
+        // session (the system model schedules them). The NPC's previous model task may still
+        // be draining: its next step waits for it, `drainMs` at most (PlanStepGate).
+        let gate = self.gate
+        let (mine, previous) = try gate.open(npc: npc)
         let warm = takeWarmSession(npc: npc, key: PlanSessionKey(plan))
-        taskBox.onEnd = { [weak self] in self?.endStep(mine) }
+        step.whenEnded { gate.end(npc: npc, serial: mine) }   // before the host sees the step end
 
         let model = self.model
         let task = Task.detached { [weak self] in
-            await previous?.value
+            _ = await PlanStepGate.drain(previous, ms: AppleBackend.drainMs)
             defer {
+                gate.finished(npc: npc, serial: mine)
                 collector.close()
                 // Calls later still (after the done event) go to the NPC's next step.
                 let late = collector.takeLateCalls()
                 if !late.isEmpty { self?.carry(npc: npc, PlanToolCollector.lateWarning(late)) }
             }
-            if Task.isCancelled || step.isCancelled { self?.endStep(mine); return }
+            if Task.isCancelled || step.isCancelled { return }
             do {
                 let session: LanguageModelSession
                 if let warm {
@@ -207,7 +198,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
                     usage = AppleBackend.usage(of: r)
                 }
                 collector.close()
-                if collector.hasDelivered { finishToolCalls(); self?.endStep(mine); return }   // tool calls ended the step
+                if collector.hasDelivered { finishToolCalls(); return }   // tool calls ended the step
                 if !text.isEmpty { step.push(.object(["type": .string("text"), "delta": .string(text)])) }
                 let output = usage?.output ?? estimateTokens(text)
                 var reason = "stop"
@@ -222,16 +213,12 @@ final class AppleBackend: Backend, @unchecked Sendable {
                     step.fail(AppleBackend.map(error))
                 }
             }
-            self?.endStep(mine)
         }
-        lock.lock()
-        lastTask = task
-        lock.unlock()
+        gate.started(npc: npc, serial: mine, task: task)
         taskBox.set(task)
-        step.whenCancelled { [weak self] in
+        step.whenCancelled {
             taskBox.cancel()
             collector.close()
-            self?.endStep(mine)
         }
     }
 
@@ -281,10 +268,9 @@ final class AppleBackend: Backend, @unchecked Sendable {
     /// before it ends anyway (the tools throw at delivery, so this is a backstop).
     static let toolDrainMs: UInt64 = 250
 
-    /// Ends step `mine` (idempotent; a later step's flag is left alone).
-    private func endStep(_ mine: Int) {
-        lock.lock(); if openStep == mine { openStep = nil }; lock.unlock()
-    }
+    /// How long an NPC's step waits for the NPC's previous model task (draining after that
+    /// step ended for the host) before it starts anyway.
+    static let drainMs: UInt64 = 2_000
 
     static func doneEvent(reason: String, input: Int, output: Int, cached: Int, warnings: [String]) -> JSON {
         var o: [String: JSON] = [
@@ -542,12 +528,6 @@ final class AppleTaskBox: @unchecked Sendable {
     private var finishClaimed = false
     private var _toolCallTokens = 0
     private var _warnings: [String] = []
-    private var _onEnd: (@Sendable () -> Void)?
-    var onEnd: (@Sendable () -> Void)? {
-        get { lock.lock(); defer { lock.unlock() }; return _onEnd }
-        set { lock.lock(); _onEnd = newValue; lock.unlock() }
-    }
-    func end() { onEnd?() }
     /// True for the first caller only: who ends a step whose tool calls were delivered.
     func claimFinish() -> Bool {
         lock.lock(); defer { lock.unlock() }

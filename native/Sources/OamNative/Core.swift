@@ -200,6 +200,7 @@ final class StepState: @unchecked Sendable {
     private var terminalDelivered = false
     private var cancelled = false
     private var onCancel: [() -> Void] = []
+    private var onEnd: [() -> Void] = []
     let engine: EngineBox                // keeps the engine alive while the step lives
 
     init(engine: EngineBox) {
@@ -222,6 +223,22 @@ final class StepState: @unchecked Sendable {
         if cancelled { cond.unlock(); f(); return }
         onCancel.append(f)
         cond.unlock()
+    }
+
+    /// Registers a hook run once when the step's terminal event is queued (done, error or
+    /// cancelled), under the step's lock: it has run before the host can pull that event (a
+    /// backend's "the NPC may start its next step"). Hooks must not call back into the step.
+    func whenEnded(_ f: @escaping () -> Void) {
+        cond.lock()
+        if terminalQueued { cond.unlock(); f(); return }
+        onEnd.append(f)
+        cond.unlock()
+    }
+
+    private func endedLocked() {
+        let hooks = onEnd
+        onEnd.removeAll()
+        for h in hooks { h() }
     }
 
     /// Queues one event; the caller holds the lock. Fails the step if the batch is full.
@@ -284,6 +301,7 @@ final class StepState: @unchecked Sendable {
             enqueueLocked(kind: kind, payload)
         }
         terminalQueued = true
+        endedLocked()
     }
 
     func fail(_ error: OamError) {
@@ -302,6 +320,7 @@ final class StepState: @unchecked Sendable {
             pending.removeAll()
             enqueueLocked(kind: EventKind.error, StepState.cancelledEvent)
             terminalQueued = true
+            endedLocked()
         }
         let hooks = onCancel
         onCancel.removeAll()

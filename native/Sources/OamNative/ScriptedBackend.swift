@@ -26,6 +26,7 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
     private var script: [JSON]   // immutable after init
     private var cursor = 0       // guarded by lock
     private var callCounter = 0  // guarded by lock
+    private let gate = PlanStepGate()  // one step per NPC at a time, NPCs together (as the Apple backend)
     let contextSize: Int
 
     init(config: JSON) throws {
@@ -65,6 +66,10 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         guard ["allowed", "required", "disallowed"].contains(toolMode) else {
             throw OamError("invalid_request", "unknown toolMode \(toolMode)")
         }
+        let npc = request["npcId"]?.string ?? ""
+        let gate = self.gate
+        let opened = try gate.open(npc: npc)
+        step.whenEnded { gate.end(npc: npc, serial: opened.serial) }
         let (scripted, serial) = nextScriptStep()
         let inputTokens = estimateRequestTokens(request)
         let delayed = (scripted?["delayMs"]?.int ?? 0) > 0 || (scripted?["chunkMs"]?.int ?? 0) > 0
