@@ -45,17 +45,21 @@ enum PlanErrorNames {
         ("SystemLanguageModel.Error", "model_unavailable"),
     ]
 
-    /// `ModelManagerError` codes seen wrapped as underlying errors of an NSError.
-    /// UNVERIFIED(11): the meanings are guesses. docs/design-notes.md ("Context, latency, usage") records 1012 under load; other
-    /// projects report 1013, 1026, 1041, 1042 and 1046 without saying what they mean. A code
-    /// not listed maps to `generation_failed`, its domain and code kept in the message.
-    static let modelManagerCodes: [Int: String] = [
-        1012: "rate_limited",
-        1013: "busy",
-        1026: "model_unavailable",
-        1041: "rate_limited",
-        1042: "rate_limited",
-        1046: "model_unavailable",
+    /// `ModelManagerError` codes seen wrapped as underlying errors of an NSError: (stable code,
+    /// the case name, what the game can do). Names as another public binding decoded them from
+    /// ModelManagerServices on macOS 27.0 (issue 34); 1042 and 1046 have no name there.
+    /// docs/design-notes.md ("Context, latency, usage") records 1012 under load. The system
+    /// refusing work for a while is `busy` (retry later), a failure of one request is
+    /// `generation_failed` (retry now); a code not listed maps to `generation_failed`, its
+    /// domain and code kept in the message. UNVERIFIED(11): not seen on a Mac by this project.
+    static let modelManagerCodes: [Int: (code: String, name: String, hint: String)] = [
+        1012: ("busy", "insufficientSystemResources", "the system is short of resources; retry later"),
+        1013: ("busy", "deniedDueToSystemState", "denied by the system's state (memory pressure); free memory, retry later"),
+        1026: ("model_unavailable", "unknown", "the model is not available"),
+        1032: ("generation_failed", "inferenceProviderCrashed", "the inference service crashed and restarts; retry"),
+        1041: ("generation_failed", "ipcError", "the connection to the inference service failed; retry"),
+        1042: ("busy", "unknown", "retry later"),
+        1046: ("generation_failed", "unknown", "retry"),
     ]
 
     /// How deep `modelManagerError` follows underlying errors (chains are short; a cycle
@@ -94,8 +98,10 @@ enum PlanErrorNames {
     /// (stable code, message) for an error the typed matches did not name.
     static func map(_ error: Error) -> (code: String, message: String) {
         if let (domain, n) = modelManagerError(error) {
-            let code = modelManagerCodes[n] ?? "generation_failed"
-            return (code, "\(domain) \(n) (meaning unverified): \(error.localizedDescription)")
+            guard let known = modelManagerCodes[n] else {
+                return ("generation_failed", "\(domain) \(n) (unknown code): \(error.localizedDescription)")
+            }
+            return (known.code, "\(domain) \(n) \(known.name) (\(known.hint)): \(error.localizedDescription)")
         }
         let typeName = String(reflecting: type(of: error))
         if let label = caseLabel(error), let hit = table.first(where: { $0.0 == label }) {

@@ -51,14 +51,23 @@ final class PlanErrorNamesTests: XCTestCase {
                                                                        userInfo: [NSUnderlyingErrorKey: mm])])
         XCTAssertEqual(PlanErrorNames.modelManagerError(wrapped)?.code, 1012)
         let r = PlanErrorNames.map(wrapped)
-        XCTAssertEqual(r.code, "rate_limited")
-        XCTAssertTrue(r.message.contains("1012") && r.message.contains("unverified"), r.message)
+        XCTAssertEqual(r.code, "busy", "insufficientSystemResources: the system refuses for a while")
+        XCTAssertTrue(r.message.contains("1012 insufficientSystemResources") && r.message.contains("retry later"), r.message)
 
         let multi = NSError(domain: "x", code: 1, userInfo: ["NSMultipleUnderlyingErrorsKey": [
             NSError(domain: "y", code: 2), NSError(domain: "ModelManagerServices.ModelManagerError", code: 1026)]])
         XCTAssertEqual(PlanErrorNames.map(multi).code, "model_unavailable")
-        XCTAssertEqual(PlanErrorNames.map(NSError(domain: "ModelManagerServices.ModelManagerError", code: 1013)).code, "busy")
-        XCTAssertEqual(PlanErrorNames.map(NSError(domain: "ModelManagerServices.ModelManagerError", code: 4242)).code, "generation_failed")
+        func manager(_ n: Int) -> (code: String, message: String) {
+            PlanErrorNames.map(NSError(domain: "ModelManagerServices.ModelManagerError", code: n))
+        }
+        XCTAssertEqual(manager(1013).code, "busy")
+        XCTAssertTrue(manager(1013).message.contains("free memory"), manager(1013).message)
+        XCTAssertEqual(manager(1032).code, "generation_failed", "inferenceProviderCrashed: retry now")
+        XCTAssertEqual(manager(1041).code, "generation_failed", "ipcError is no rate limit")
+        XCTAssertEqual(manager(1042).code, "busy")
+        XCTAssertEqual(manager(1046).code, "generation_failed", "retryable until its meaning is known")
+        XCTAssertEqual(manager(4242).code, "generation_failed")
+        XCTAssertTrue(manager(4242).message.contains("4242 (unknown code)"), manager(4242).message)
     }
 
     /// A chain deeper than maxChainDepth (or a cycle) ends the walk.
