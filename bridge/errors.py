@@ -127,4 +127,15 @@ class BridgeError(Exception):
         }
 
     def to_event(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "retryable": self.retryable}
+        """For ``turn/failed``: code, message, retryable, and ``data`` when the error carries
+        figures a game acts on (``EVENT_DATA``: when to retry, how big the prompt was)."""
+        out: dict[str, Any] = {"code": self.code, "message": self.message, "retryable": self.retryable}
+        data = {k: self.data[k] for k in EVENT_DATA if isinstance(self.data.get(k), int)}
+        if data:
+            out["data"] = data
+        return out
+
+
+# ``data`` fields ``turn/failed`` passes on (integers): ``retryAfterMs`` (rate_limited: the
+# engine said when to try again), ``promptTokens`` and ``contextSize`` (context_size_exceeded).
+EVENT_DATA = ("retryAfterMs", "promptTokens", "contextSize")

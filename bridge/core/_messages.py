@@ -420,10 +420,12 @@ class TurnCompleted(_Event, frozen=True, kw_only=True):
     routing: RoutingInfo | None = None
 
 
-class ErrorInfo(msgspec.Struct, frozen=True):
+class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     code: str
     message: str
     retryable: bool
+    # only when the error carries figures a game acts on (bridge.errors.EVENT_DATA)
+    data: dict[str, int] | None = None
 
 
 class TurnFailed(_Event, frozen=True):

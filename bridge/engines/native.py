@@ -47,7 +47,7 @@ from bridge.engines.base import (
     Usage,
     user_text,
 )
-from bridge.errors import ERROR_CODES, BridgeError
+from bridge.errors import ERROR_CODES, EVENT_DATA, BridgeError
 
 # Only meaningful in a source checkout (the package sits beside native/).
 _NATIVE_DIR = Path(__file__).resolve().parents[2] / "native"
@@ -135,11 +135,19 @@ def _take_string(ffi: Any, lib: Any, p: Any) -> str | None:
 
 
 def _error_from(payload: dict[str, Any] | None, default: str = "generation_failed") -> BridgeError:
+    """The library's error event as a BridgeError; its ``data`` figures a game acts on
+    (``retryAfterMs``, ``promptTokens``, ``contextSize``: non-negative integers) kept."""
     payload = payload or {}
     code = payload.get("code") or default
     if code not in ERROR_CODES:
         code = default
-    return BridgeError(code, payload.get("message") or code)
+    raw = payload.get("data")
+    data = {
+        k: v
+        for k, v in (raw.items() if isinstance(raw, dict) else ())
+        if k in EVENT_DATA and type(v) is int and 0 <= v < 2**53
+    }
+    return BridgeError(code, payload.get("message") or code, **data)
 
 
 _enc = msgspec.json.Encoder()

@@ -56,9 +56,11 @@ hidden tools, validation, rollback): this engine sends each step as the agent bu
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -169,11 +171,37 @@ def chat_messages(request: StepRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _status_error(status: int, body: str, url: str) -> BridgeError:
+RETRY_AFTER_MAX_MS = 24 * 3600 * 1000  # a Retry-After further off than a day is not passed on
+
+
+def retry_after_ms(value: str | None, now: float | None = None) -> int | None:
+    """A ``Retry-After`` header in milliseconds: delta-seconds or an HTTP date (RFC 9110);
+    None when absent, unreadable, or more than a day off."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        ms = int(value[:12]) * 1000
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        ms = int((when.timestamp() - (time.time() if now is None else now)) * 1000)
+    return max(0, ms) if ms <= RETRY_AFTER_MAX_MS else None
+
+
+def _status_error(status: int, body: str, url: str, retry_after: str | None = None) -> BridgeError:
     text = " ".join(body.split())[:ERROR_BODY_MAX]
     where = f"the server at {url}"
     if status == 429:
-        return BridgeError("rate_limited", f"{where} is rate-limiting requests (HTTP 429): {text}", status=status)
+        after = retry_after_ms(retry_after)
+        extra = {} if after is None else {"retryAfterMs": after}
+        return BridgeError(
+            "rate_limited", f"{where} is rate-limiting requests (HTTP 429): {text}", status=status, **extra
+        )
     if status in (401, 403):
         return BridgeError(
             "model_unavailable",
@@ -410,7 +438,12 @@ class OpenAIEngine:
                             log.info("openai engine: using the server's model %r", self.model)
                     elif resp.status_code in (401, 403, 429, 503) or resp.status_code >= 500:
                         err, _ = await self._read_bounded(resp, ERROR_BODY_READ_MAX, deadline)
-                        raise _status_error(resp.status_code, err.decode("utf-8", "replace"), self.url)
+                        raise _status_error(
+                            resp.status_code,
+                            err.decode("utf-8", "replace"),
+                            self.url,
+                            resp.headers.get("retry-after"),
+                        )
                 finally:
                     await _close(resp)
             except httpx.HTTPError as e:
@@ -557,7 +590,7 @@ class OpenAIEngine:
                         )
                         self._schema_form = "json_object"
                         continue
-                    raise _status_error(resp.status_code, err, self.url)
+                    raise _status_error(resp.status_code, err, self.url, resp.headers.get("retry-after"))
                 reader = _Reader(resp, deadline, self._timed_out())
                 try:
                     lines = LineReader(LINE_MAX_BYTES)

@@ -6,7 +6,8 @@ A step is a dict (the JSON a game's CI writes) or a callable ``(StepRequest) -> 
 - ``{"toolCalls": [{"name": "open_door", "arguments": {...}}]}``: one batch of calls, after
   the step's ``"text"`` if it has one;
 - ``{"json": {...}}``: a structured answer, streamed as JSON text;
-- ``{"error": "guardrail_violation", "message": "..."}``: the step fails with that code;
+- ``{"error": "guardrail_violation", "message": "..."}``: the step fails with that code
+  (``"data": {"retryAfterMs": 1500}``: its ``turn/failed`` ``error.data``);
 - ``{"echo": "instructions"}`` / ``{"echo": "prompt"}``: says what the model was given, the
   step's instructions (persona, instructions, world facts) or the last user message as the
   model reads it (``Name: line`` for another speaker), so a game's CI can check its prompts;
@@ -54,7 +55,7 @@ from bridge.engines.base import (
     Usage,
     user_text,
 )
-from bridge.errors import ERROR_CODES, BridgeError
+from bridge.errors import ERROR_CODES, EVENT_DATA, BridgeError
 
 Step = dict[str, Any] | Callable[[StepRequest], dict[str, Any]]
 _WORDS = re.compile(r"\S+\s*|\s+")
@@ -74,6 +75,17 @@ class _ScriptedCall(msgspec.Struct, forbid_unknown_fields=True):
     arguments: dict[str, Any] = {}
 
 
+_Figure = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
+
+
+class _ErrorData(msgspec.Struct, forbid_unknown_fields=True):
+    """An error step's ``data``: the figures ``turn/failed`` passes on (``EVENT_DATA``)."""
+
+    retryAfterMs: _Figure | msgspec.UnsetType = msgspec.UNSET  # noqa: N815 (wire names)
+    promptTokens: _Figure | msgspec.UnsetType = msgspec.UNSET  # noqa: N815
+    contextSize: _Figure | msgspec.UnsetType = msgspec.UNSET  # noqa: N815
+
+
 class _ScriptedStep(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     """The shape of one step given as data (checked, then played from the dict itself)."""
 
@@ -82,6 +94,7 @@ class _ScriptedStep(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
     json: Any = None
     error: str | msgspec.UnsetType = msgspec.UNSET
     message: str | msgspec.UnsetType = msgspec.UNSET
+    data: _ErrorData | msgspec.UnsetType = msgspec.UNSET
     delay_ms: _DelayMs = 0
     chunk_ms: _DelayMs = 0
     warnings: list[str] = []
@@ -324,7 +337,10 @@ class ScriptedEngine:
             code = step["error"]
             if code not in ERROR_CODES:
                 code = "generation_failed"
-            raise BridgeError(code, step.get("message", f"scripted {code}"))
+            data = step.get("data") or {}
+            raise BridgeError(
+                code, step.get("message", f"scripted {code}"), **{k: data[k] for k in EVENT_DATA if k in data}
+            )
         if "toolCalls" in step:
             for piece in _WORDS.findall(step.get("text", "")):  # a preamble before the calls
                 yield TextChunk(piece)

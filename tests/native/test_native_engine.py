@@ -291,6 +291,24 @@ async def test_two_npcs_step_together_and_one_npcs_second_step_is_busy():
 
 
 @pytest.mark.trio
+async def test_an_error_steps_figures_cross_the_c_abi_as_data():
+    """The library's error event carries ``data`` (Apple's rate limit reset, context sizes on
+    macOS 27): the figures reach the BridgeError, and nothing else does."""
+    e = native.NativeEngine(
+        script=[
+            {"error": "rate_limited", "message": "slow", "data": {"retryAfterMs": 1500, "other": 3}},
+            {"error": "context_size_exceeded", "data": {"promptTokens": 5000, "contextSize": 4096}},
+        ]
+    )
+    with pytest.raises(BridgeError) as first:
+        await collect(e, req())
+    assert (first.value.code, first.value.data) == ("rate_limited", {"retryAfterMs": 1500})
+    with pytest.raises(BridgeError) as second:
+        await collect(e, req())
+    assert second.value.data == {"promptTokens": 5000, "contextSize": 4096}
+
+
+@pytest.mark.trio
 async def test_count_tokens_from_threads_while_steps_stream():
     # blocking_count: the agent counts in worker threads, beside running steps.
     e = native.NativeEngine(script=[{"text": "la " * 200, "chunkMs": 1}])

@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -210,6 +211,30 @@ async def test_an_engine_error_keeps_its_stable_code() -> None:
     async with running(npc):
         done = await sink.terminal(respond(npc))
     assert isinstance(done, m.TurnFailed) and (done.error.code, done.error.message) == ("guardrail_violation", "no")
+    assert done.error.data is None and "data" not in msgspec.json.decode(msgspec.json.encode(done.error))
+
+
+async def test_a_rate_limits_retry_after_reaches_turn_failed_as_data() -> None:
+    """A game backs off as long as the engine said (``turn/failed`` ``error.data``), and only
+    the figures a game acts on are passed on."""
+    engine = ScriptedEngine()
+    sink = Sink()
+    npc = make_npc(engine, sink)
+    engine.set_script("n", [{"error": "rate_limited", "data": {"retryAfterMs": 1500}}])
+    async with running(npc):
+        done = await sink.terminal(respond(npc))
+    assert isinstance(done, m.TurnFailed)
+    assert (done.error.code, done.error.retryable, done.error.data) == ("rate_limited", True, {"retryAfterMs": 1500})
+    assert BridgeError("rate_limited", "x", status=429, retryAfterMs=5).to_event()["data"] == {"retryAfterMs": 5}
+
+
+@pytest.mark.parametrize(
+    "data", [{"retryAfterMs": -1}, {"retryAfterMs": "soon"}, {"when": 3}, {"retryAfterMs": 2**53}, None]
+)
+def test_an_error_steps_data_is_checked(data: object) -> None:
+    with pytest.raises(BridgeError) as e:
+        validate_script([{"error": "rate_limited", "data": data}])
+    assert e.value.data["reason"] == "invalid_script"
 
 
 # ---- the engine contract ----

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.engines import openai
 from bridge.engines._sse import PIECE_BYTES, BodyDecoder, LineReader, StreamProblem, first_model, parse_event
 from bridge.engines.base import GenerationOptions, StepRequest
 from bridge.engines.openai import OUTPUT_MAX_CHARS, OUTPUT_MIN_CHARS, output_cap
@@ -174,3 +175,30 @@ def test_the_output_cap_follows_max_tokens(max_tokens: int | None, cap: int) -> 
         step_index=0,
     )
     assert output_cap(req) == cap
+
+
+# ---- Retry-After on a 429 ----
+
+
+@pytest.mark.parametrize(
+    ("header", "ms"),
+    [
+        ("2", 2000),
+        (" 0 ", 0),
+        ("Wed, 21 Oct 2015 07:28:30 GMT", 30_000),  # a date: from now
+        ("Wed, 21 Oct 2015 07:27:00 GMT", 0),  # past: at once
+        ("Thu, 22 Oct 2015 07:28:30 GMT", None),  # more than a day off
+        ("soon", None),
+        ("-5", None),
+        (None, None),
+    ],
+)
+def test_retry_after_is_seconds_or_a_date(header: str | None, ms: int | None) -> None:
+    now = 1445412480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+    assert openai.retry_after_ms(header, now=now) == ms
+
+
+def test_a_429_carries_the_servers_retry_after_as_data() -> None:
+    err = openai._status_error(429, "slow down", "http://x/v1", "3")
+    assert err.code == "rate_limited" and err.to_event()["data"] == {"retryAfterMs": 3000}
+    assert "data" not in openai._status_error(429, "slow down", "http://x/v1").to_event()

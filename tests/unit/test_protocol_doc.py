@@ -45,8 +45,12 @@ def test_every_event_is_documented_with_its_fields_and_a_valid_example() -> None
         for field in wire_fields(ev) - {"npcId", "turnId", "seq"}:
             assert f"`{field}`" in text, f"{name}: field {field} undocumented"
         examples = [json.loads(x) for x in re.findall(r"^(\{.*\})$", text, re.M)]
-        (example,) = [e for e in examples if e.get("method") == name]
-        msgspec.convert(example["params"], ev)
+        mine = [e for e in examples if e.get("method") == name]
+        assert mine, f"{name}: no example"
+        for example in mine:
+            typed = msgspec.convert(example["params"], ev)
+            again = msgspec.json.decode(msgspec.json.encode(typed))
+            assert again == example["params"], f"{name}: the example does not round-trip"
 
 
 def test_every_error_code_is_in_the_table_with_its_number_and_retryable_flag() -> None:

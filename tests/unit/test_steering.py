@@ -143,6 +143,8 @@ async def test_trimming_drops_oldest_complete_turns_from_what_the_model_sees() -
         assert trims and all(t["promptTokens"] <= t["contextSize"] for t in trims)
         _, done = await client.turn("t", "x " * 400)  # cannot fit even alone
         assert done["params"]["error"]["code"] == "context_size_exceeded"
+        data = done["params"]["error"]["data"]  # what the game needs to shorten it
+        assert data["contextSize"] == 300 and data["promptTokens"] > 300 - 20
 
 
 async def test_the_first_delta_after_a_tool_only_step_is_a_reset_too(client: Client, engine: ScriptedEngine) -> None:

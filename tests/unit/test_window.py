@@ -79,7 +79,7 @@ def test_a_prompt_past_the_budget_fails_context_size_exceeded() -> None:
     with pytest.raises(BridgeError) as e:
         check_fits(61, 40, 100, 4096)
     assert e.value.code == "context_size_exceeded"
-    assert e.value.data == {"tokens": 61, "contextSize": 4096}
+    assert e.value.data == {"promptTokens": 61, "contextSize": 4096}
 
 
 # ---- fitting ----

@@ -72,7 +72,7 @@ def check_fits(fixed: int, visible: int, budget: int, context_size: int) -> None
         raise BridgeError(
             "context_size_exceeded",
             f"prompt needs {fixed} tokens; the window leaves {budget}",
-            tokens=fixed,
+            promptTokens=fixed,
             contextSize=context_size,
         )
 

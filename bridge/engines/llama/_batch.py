@@ -270,8 +270,8 @@ class Scheduler:
             raise BridgeError(
                 "context_size_exceeded",
                 "prompt exceeds context",
-                prompt_tokens=len(job.tokens),
-                context_size=self.n_ctx,
+                promptTokens=len(job.tokens),
+                contextSize=self.n_ctx,
             )
         with self._cv:
             if self._closing:

@@ -313,8 +313,11 @@ final class AppleBackend: Backend, @unchecked Sendable {
             // UNVERIFIED(8): the Xcode-27 error family; case names from Apple's docs.
             if let e = error as? LanguageModelError {
                 switch e {
-                case .contextSizeExceeded: return OamError("context_size_exceeded", "\(e)")
-                case .rateLimited: return OamError("rate_limited", "\(e)")
+                case .contextSizeExceeded(let c):
+                    return OamError("context_size_exceeded", "\(e)",
+                                    data: ["promptTokens": .int(c.tokenCount), "contextSize": .int(c.contextSize)])
+                case .rateLimited(let r):
+                    return OamError("rate_limited", "\(e)", data: PlanErrorNames.retryAfter(r.resetDate))
                 case .refusal: return OamError("refusal", "\(e)")
                 case .timeout: return OamError("generation_failed", "timeout: \(e)")
                 case .guardrailViolation: return OamError("guardrail_violation", "\(e)")

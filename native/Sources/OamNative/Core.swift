@@ -10,8 +10,17 @@ import Darwin
 struct OamError: Error {
     let code: String
     let message: String
-    init(_ code: String, _ message: String) { self.code = code; self.message = message }
-    var json: JSON { .object(["code": .string(code), "message": .string(message)]) }
+    /// Figures a game acts on, passed to the host as the error event's `data`: `retryAfterMs`
+    /// (rate_limited), `promptTokens` and `contextSize` (context_size_exceeded).
+    var data: [String: JSON] = [:]
+    init(_ code: String, _ message: String, data: [String: JSON] = [:]) {
+        self.code = code; self.message = message; self.data = data
+    }
+    var json: JSON {
+        var o: [String: JSON] = ["code": .string(code), "message": .string(message)]
+        if !data.isEmpty { o["data"] = .object(data) }
+        return .object(o)
+    }
 }
 
 /// A model backend: runs one step at a time per call to `start`, pushing events into `step`.
@@ -305,8 +314,9 @@ final class StepState: @unchecked Sendable {
     }
 
     func fail(_ error: OamError) {
-        finish(.object(["type": .string("error"), "code": .string(error.code),
-                        "message": .string(error.message)]))
+        var o: [String: JSON] = ["type": .string("error"), "code": .string(error.code), "message": .string(error.message)]
+        if !error.data.isEmpty { o["data"] = .object(error.data) }
+        finish(.object(o))
     }
 
     static let cancelledEvent = OamError("cancelled", "step cancelled").errorEvent
@@ -377,7 +387,9 @@ final class StepState: @unchecked Sendable {
 extension OamError {
     /// The error event's JSON text.
     var errorEvent: String {
-        JSON.object(["type": .string("error"), "code": .string(code), "message": .string(message)]).serialized()
+        var o: [String: JSON] = ["type": .string("error"), "code": .string(code), "message": .string(message)]
+        if !data.isEmpty { o["data"] = .object(data) }
+        return JSON.object(o).serialized()
     }
 }
 

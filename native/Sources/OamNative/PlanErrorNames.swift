@@ -62,6 +62,15 @@ enum PlanErrorNames {
         1046: ("generation_failed", "unknown", "retry"),
     ]
 
+    /// `retryAfterMs` for a rate limit that says when it resets (27's `RateLimited.resetDate`):
+    /// the milliseconds from `now`, at least 0; nothing without a date or past a day.
+    static func retryAfter(_ reset: Date?, now: Date = Date()) -> [String: JSON] {
+        guard let reset else { return [:] }
+        let ms = max(0, reset.timeIntervalSince(now) * 1000)
+        guard ms <= 86_400_000 else { return [:] }
+        return ["retryAfterMs": .int(Int(ms.rounded()))]
+    }
+
     /// How deep `modelManagerError` follows underlying errors (chains are short; a cycle
     /// must not loop forever).
     static let maxChainDepth = 8

@@ -6,7 +6,7 @@ import Foundation
 ///   {"text":"Hello there"}                      streamed word by word
 ///   {"toolCalls":[{"name":"x","arguments":{}}]} ("id" optional; generated if absent)
 ///   {"json":{...}}                              the JSON answer, in 16-character text deltas
-///   {"error":"guardrail_violation","message":"..."}
+///   {"error":"guardrail_violation","message":"...","data":{"retryAfterMs":1500}}   (data optional)
 ///   {"echo":"instructions"} / {"echo":"prompt"}    says the step's instructions, or its last user
 ///                                               message, as the model was given them
 /// each with optional "delayMs" (a wait before the step) and "chunkMs" (before each chunk); both cancellable.
@@ -178,7 +178,11 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
         guard wait() else { return }
         if let code = s["error"]?.string {
             let c = stableCodes.contains(code) ? code : "generation_failed"
-            step.fail(OamError(c, s["message"]?.string ?? "scripted error: \(code)"))
+            var data: [String: JSON] = [:]
+            for key in ["retryAfterMs", "promptTokens", "contextSize"] {
+                if let v = s["data"]?[key]?.int, v >= 0 { data[key] = .int(v) }
+            }
+            step.fail(OamError(c, s["message"]?.string ?? "scripted error: \(code)", data: data))
             return
         }
         if let calls = s["toolCalls"]?.array {

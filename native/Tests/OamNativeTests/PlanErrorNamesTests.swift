@@ -84,4 +84,15 @@ final class PlanErrorNamesTests: XCTestCase {
         XCTAssertEqual(PlanErrorNames.map(Opaque()).code, "rate_limited")
         XCTAssertEqual(PlanErrorNames.map(NSError(domain: "x", code: 1)).code, "generation_failed")
     }
+
+    /// A rate limit's reset date is passed on as `retryAfterMs` (27's `RateLimited.resetDate`).
+    func testARateLimitsResetDateIsRetryAfterMs() {
+        let now = Date()
+        XCTAssertEqual(PlanErrorNames.retryAfter(now.addingTimeInterval(2.5), now: now), ["retryAfterMs": .int(2500)])
+        XCTAssertEqual(PlanErrorNames.retryAfter(now.addingTimeInterval(-1), now: now), ["retryAfterMs": .int(0)])
+        XCTAssertEqual(PlanErrorNames.retryAfter(nil, now: now), [:])
+        XCTAssertEqual(PlanErrorNames.retryAfter(now.addingTimeInterval(2 * 86_400), now: now), [:])
+        let e = OamError("rate_limited", "slow down", data: PlanErrorNames.retryAfter(now.addingTimeInterval(1), now: now))
+        XCTAssertTrue(e.errorEvent.contains("\"retryAfterMs\":1000"), e.errorEvent)
+    }
 }
