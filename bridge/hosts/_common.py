@@ -51,6 +51,15 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         ),
     )
     ap.add_argument(
+        "--native-stream",
+        choices=["untooled", "never"],
+        default=os.environ.get("OAM_NATIVE_STREAM", "untooled"),
+        help=(
+            "native engine (Apple's model): untooled streams the words of steps that offer no tool as the model "
+            "writes them; never answers every step at once (env OAM_NATIVE_STREAM; default untooled)"
+        ),
+    )
+    ap.add_argument(
         "--llama-batch-threads",
         type=int,
         default=int(os.environ.get("OAM_LLAMA_BATCH_THREADS", "0")),
@@ -163,7 +172,10 @@ def build_registry(args: argparse.Namespace) -> EngineRegistry:
         "n_ctx": args.openai_ctx,
         "grammar": args.openai_grammar,
     }
-    registry = EngineRegistry(default=args.engine, scripted=scripted, llama=llama_kwargs, openai=openai_kwargs)
+    native_kwargs = {"backend": "best", "stream": args.native_stream}
+    registry = EngineRegistry(
+        default=args.engine, scripted=scripted, llama=llama_kwargs, openai=openai_kwargs, native=native_kwargs
+    )
     if args.model:  # a file the operator chose: a wrong one is said now, not at the first create
         llama = next(e for e in registry.infos() if e.name == "llama")
         if not llama.available:

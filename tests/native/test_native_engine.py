@@ -491,3 +491,20 @@ def test_a_decision_schema_crosses_the_abi_with_each_alternatives_order():
     r = StepRequest("n", "", [Message("user", "x")], [], "disallowed", schema, GenerationOptions(), 0)
     sent = json.loads(_request_json(r))["schema"]["anyOf"]
     assert [m["x-order"] for m in sent] == [["reasoning", "choice"], ["reasoning", "choice", "arguments"]]
+
+
+def test_native_stream_reaches_the_library_from_the_command_line():
+    """``--native-stream`` (``OAM_NATIVE_STREAM``) is the library's ``stream`` config; the
+    scripted backend ignores it, Apple's backend streams untooled steps unless ``never``."""
+    import argparse
+
+    from bridge.hosts._common import add_engine_arguments, build_registry
+
+    ap = argparse.ArgumentParser()
+    add_engine_arguments(ap)
+    for argv, want in (([], "untooled"), (["--native-stream", "never"], "never")):
+        registry = build_registry(ap.parse_args(["--engine", "scripted", *argv]))
+        engine = registry.get("native")
+        assert engine._config["stream"] == want
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--native-stream", "sometimes"])

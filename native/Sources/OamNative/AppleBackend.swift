@@ -20,6 +20,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
     let name = "apple"
     private let model: SystemLanguageModel
     private let guardrails: String
+    private let streamUntooled: Bool                 // stream the steps that offer no tool (config "stream")
     private let warmSession: LanguageModelSession?   // kept alive so the prewarm is not dropped
     private let lock = NSLock()
     private let gate = PlanStepGate()            // one step per NPC at a time, NPCs together
@@ -41,6 +42,15 @@ final class AppleBackend: Backend, @unchecked Sendable {
         }
         model = m
         guardrails = g
+        // "untooled" (default): a step that offers no tool and asks for no schema streams its
+        // words as the model writes them (`streamResponse`); "never": every step answers at
+        // once (`respond`). Steps with tools always use `respond`: research.md measured a rare
+        // upstream crash of streamResponse with tool calls (2 of 3 runs of 16,000 turns).
+        switch config["stream"]?.string ?? "untooled" {
+        case "untooled": streamUntooled = true
+        case "never": streamUntooled = false
+        case let other: throw OamError("invalid_request", "stream must be \"untooled\" or \"never\", got \(other)")
+        }
         // Load the model while the host finishes setting up; the first step's time to first
         // token drops from ~1-3 s cold to ~0.6 s (docs/design-notes.md, "Context, latency, usage"). `"prewarm": false` opts out.
         if config["prewarm"]?.bool ?? true, m.isAvailable {
@@ -165,6 +175,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
         step.whenEnded { gate.end(npc: npc, serial: mine) }   // before the host sees the step end
 
         let model = self.model
+        let streamed = streamUntooled && schema == nil && plan.tools.isEmpty
         let task = Task.detached { [weak self] in
             _ = await PlanStepGate.drain(previous, ms: AppleBackend.drainMs)
             defer {
@@ -186,12 +197,27 @@ final class AppleBackend: Backend, @unchecked Sendable {
                                                    transcript: Transcript(entries: built.entries))
                 }
                 let text: String
+                var pushedText = ""
                 var usage: (input: Int, output: Int, cached: Int)? = nil
                 if let schema {
                     let r = try await session.respond(to: plan.prompt, schema: schema,
                                                       includeSchemaInPrompt: true, options: options)
                     text = r.content.jsonString
                     usage = AppleBackend.usage(of: r)
+                } else if streamed {
+                    // UNVERIFIED(12): each snapshot's content is the whole text so far; what it
+                    // adds to the text already pushed is pushed now (a snapshot that rewrites
+                    // earlier text adds nothing until it extends what was said).
+                    var said = ""
+                    for try await snapshot in session.streamResponse(to: plan.prompt, options: options) {
+                        let now = snapshot.content
+                        guard now.utf8.count > said.utf8.count, now.utf8.starts(with: said.utf8) else { continue }
+                        let delta = String(decoding: now.utf8.dropFirst(said.utf8.count), as: UTF8.self)
+                        step.push(.object(["type": .string("text"), "delta": .string(delta)]))
+                        said = now
+                    }
+                    text = ""   // pushed as it came
+                    pushedText = said
                 } else {
                     let r = try await session.respond(to: plan.prompt, options: options)
                     text = r.content
@@ -200,7 +226,7 @@ final class AppleBackend: Backend, @unchecked Sendable {
                 collector.close()
                 if collector.hasDelivered { finishToolCalls(); return }   // tool calls ended the step
                 if !text.isEmpty { step.push(.object(["type": .string("text"), "delta": .string(text)])) }
-                let output = usage?.output ?? estimateTokens(text)
+                let output = usage?.output ?? estimateTokens(text + pushedText)
                 var reason = "stop"
                 if let max = plan.options.maximumResponseTokens, usage != nil, output >= max { reason = "length" }
                 step.finish(AppleBackend.doneEvent(reason: reason, input: usage?.input ?? inputEstimate,
