@@ -291,6 +291,22 @@ async def test_two_npcs_step_together_and_one_npcs_second_step_is_busy():
 
 
 @pytest.mark.trio
+async def test_eight_npcs_sent_at_once_all_complete_on_one_engine():
+    """Issue 34's done-when: 8 NPCs' steps at once on one engine (one library handle, the
+    Apple backend's rule: one step per NPC), each streamed in timed chunks, all answer."""
+    e = native.NativeEngine(script=[{"text": f"npc says line {i} slowly", "chunkMs": 10} for i in range(8)])
+    got: dict[int, str] = {}
+
+    async def run(i: int) -> None:
+        got[i] = "".join(c.delta for c in await collect(e, req(f"{i}", npc=f"npc{i}")) if isinstance(c, TextChunk))
+
+    async with trio.open_nursery() as n:
+        for i in range(8):
+            n.start_soon(run, i)
+    assert sorted(got.values()) == sorted(f"npc says line {i} slowly" for i in range(8))
+
+
+@pytest.mark.trio
 async def test_an_error_steps_figures_cross_the_c_abi_as_data():
     """The library's error event carries ``data`` (Apple's rate limit reset, context sizes on
     macOS 27): the figures reach the BridgeError, and nothing else does."""

@@ -187,3 +187,24 @@ async def test_two_npcs_at_once_busy_for_one_and_cancel_then_the_engine_serves_a
     assert answered and answered[0].strip()
     text, _, _, _ = await run(e, req([Message("user", "Say hi.")], mode="disallowed"))
     assert text.strip()
+
+
+async def test_an_untooled_step_streams_its_words() -> None:
+    """UNVERIFIED 12: a step without tools streams (several text chunks, the first well before
+    the last) unless ``"stream": "never"``, which gives the whole line as one chunk."""
+    ask = req([Message("user", "Tell me about the tavern in four sentences.")], mode="disallowed")
+
+    async def chunks(e: Any) -> tuple[int, float, float]:
+        n, first, last, start = 0, -1.0, -1.0, time.monotonic()
+        with trio.fail_after(STEP_DEADLINE_S):
+            async for c in e.stream_step(ask):
+                if isinstance(c, TextChunk):
+                    n += 1
+                    last = time.monotonic() - start
+                    first = last if first < 0 else first
+        return n, first, last
+
+    streamed, never = await chunks(engine()), await chunks(engine(stream="never"))
+    print(f"streamed: {streamed[0]} chunks, first {streamed[1]:.2f} s, last {streamed[2]:.2f} s; never: {never}")
+    assert streamed[0] > 1 and streamed[1] < streamed[2]
+    assert never[0] == 1

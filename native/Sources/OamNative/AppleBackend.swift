@@ -208,16 +208,12 @@ final class AppleBackend: Backend, @unchecked Sendable {
                     // UNVERIFIED(12): each snapshot's content is the whole text so far; what it
                     // adds to the text already pushed is pushed now (a snapshot that rewrites
                     // earlier text adds nothing until it extends what was said).
-                    var said = ""
+                    var pushed = PlanSnapshotText()
                     for try await snapshot in session.streamResponse(to: plan.prompt, options: options) {
-                        let now = snapshot.content
-                        guard now.utf8.count > said.utf8.count, now.utf8.starts(with: said.utf8) else { continue }
-                        let delta = String(decoding: now.utf8.dropFirst(said.utf8.count), as: UTF8.self)
-                        step.push(.object(["type": .string("text"), "delta": .string(delta)]))
-                        said = now
+                        if let delta = pushed.delta(for: snapshot.content) { step.pushText(delta) }
                     }
                     text = ""   // pushed as it came
-                    pushedText = said
+                    pushedText = pushed.said
                 } else {
                     let r = try await session.respond(to: plan.prompt, options: options)
                     text = r.content
@@ -611,7 +607,7 @@ final class AppleCollectorRef: @unchecked Sendable {
 }
 
 @available(macOS 26.0, iOS 26.0, *)
-struct AppleWarmSession: @unchecked Sendable {   // LanguageModelSession is a non-Sendable class
+struct AppleWarmSession: @unchecked Sendable {   // the session is @unchecked Sendable; the slot's lock guards its collector
     let npc: String
     let key: PlanSessionKey
     let session: LanguageModelSession

@@ -7,9 +7,11 @@ import Foundation
 /// the code was compiled for `GenerationError` only.
 ///
 /// Order: the framework's `ModelManagerError` codes anywhere in the NSError underlying-error
-/// chain (`modelManagerCode`), then the enum case label (`Mirror`: every FoundationModels
-/// error case carries a payload, so the label is the case name, whatever the type's
-/// `description` says), then the type name, then a case name found in the reflected text.
+/// chain (`modelManagerCode`), then the enum case label (`Mirror`: a case with a payload, as
+/// most FoundationModels error cases have, is labelled with its name whatever the type's
+/// `description` says; a case without one, as 27's `LanguageModelSession.Error.concurrentRequests`,
+/// has no label and is named by its plain description), then the type name, then a case name
+/// found in the reflected text.
 enum PlanErrorNames {
     /// (case name, stable code), most specific first.
     static let table: [(String, String)] = [
@@ -81,11 +83,14 @@ enum PlanErrorNames {
         return nil
     }
 
-    /// The enum case label of `error` (nil for a case without payload or a non-enum).
+    /// The enum case name of `error`: the label of a case with a payload, else the plain
+    /// description of a case without one when it is just a name; nil for a non-enum.
     static func caseLabel(_ error: Error) -> String? {
         let m = Mirror(reflecting: error)
         guard m.displayStyle == .enum else { return nil }
-        return m.children.first?.label
+        if let label = m.children.first?.label { return label }
+        let plain = String(describing: error)
+        return !plain.isEmpty && plain.allSatisfy({ $0.isLetter || $0.isNumber }) ? plain : nil
     }
 
     /// The first NSError in `error`'s underlying-error chain (itself included;

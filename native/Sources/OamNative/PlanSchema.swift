@@ -362,6 +362,11 @@ private final class PlanSchemaConverter {
             unsupported(["multipleOf"])
             var lo = obj["minimum"]?.double
             var hi = obj["maximum"]?.double
+            // A bound that overflowed to infinity (1e999 in the JSON) is no bound a guide can hold.
+            for (key, v) in [("minimum", lo), ("maximum", hi), ("exclusiveMinimum", obj["exclusiveMinimum"]?.double),
+                             ("exclusiveMaximum", obj["exclusiveMaximum"]?.double)] {
+                if let v, !v.isFinite { throw OamError("invalid_schema", "\(path): \(key) must be a finite number") }
+            }
             if let x = try exclusive(obj["exclusiveMinimum"], "exclusiveMinimum", path) {
                 warn(path, "exclusiveMinimum \(x) is enforced as an inclusive minimum")
                 notes.append("greater than \(JSON.double(x).serialized())"); lo = max(lo ?? x, x)

@@ -250,7 +250,9 @@ struct PlanTranscript: Sendable {
         }
         var seed: UInt64?
         if let s = try number("seed") {
-            guard s >= 0, s == s.rounded(), s < 1.8e19 else { throw OamError("invalid_request", "options.seed must be a non-negative integer") }
+            guard s >= 0, s == s.rounded() else { throw OamError("invalid_request", "options.seed must be a non-negative integer") }
+            // UInt64(_: Double) traps at 2^64 and beyond; a Double that large is no exact seed anyway.
+            guard s < 1.8e19 else { throw OamError("invalid_params", "options.seed must be below 1.8e19 on Apple's model, got \(s)") }
             seed = o["seed"]?.int.map { UInt64($0) } ?? UInt64(s)
         }
         if let p = try number("topP") {

@@ -238,11 +238,14 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
                 }
                 return cuts.count
             }
-            var prev = 0
-            for (k, c) in cuts.enumerated() {
+            // Timed: each chunk as a snapshot of the text so far, pushed through the diff the
+            // Apple backend's streamed steps use (PlanSnapshotText), so Linux tests cover it.
+            var pushed = PlanSnapshotText()
+            for c in cuts {
                 guard step.sleep(ms: delay) else { return nil }
-                step.pushTexts(b, cuts: cuts[k...k], from: prev)
-                prev = c
+                if let d = pushed.delta(for: String(decoding: UnsafeBufferPointer(rebasing: b[0..<c]), as: UTF8.self)) {
+                    step.pushText(d)
+                }
             }
             return cuts.count
         }

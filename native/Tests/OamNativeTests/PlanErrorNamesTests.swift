@@ -2,8 +2,9 @@ import Foundation
 import XCTest
 @testable import OamNative
 
-// Stand-ins shaped like FoundationModels' 27 SDK errors (every case carries a payload) whose
-// descriptions do not contain the case name, as LocalizedError types' debug text need not.
+// Stand-ins shaped like FoundationModels' 27 SDK errors (most cases carry a payload; the
+// session's busy cases do not) whose descriptions do not contain the case name, as
+// LocalizedError types' debug text need not.
 struct FakeContext: Sendable { let debugDescription = "details" }
 enum LanguageModelError: LocalizedError {
     case contextSizeExceeded(FakeContext)
@@ -17,6 +18,12 @@ enum LanguageModelSession {
         case somethingNew(FakeContext)
         var errorDescription: String? { "Session error." }
     }
+}
+/// 27's `LanguageModelSession.Error` shape: cases without a payload.
+enum PayloadFree: LocalizedError {
+    case transcriptMutationWhileResponding
+    case refusal
+    var errorDescription: String? { "Something happened." }
 }
 enum SystemLanguageModel {
     enum Error: LocalizedError {
@@ -34,6 +41,13 @@ final class PlanErrorNamesTests: XCTestCase {
         XCTAssertEqual(PlanErrorNames.map(LanguageModelError.contextSizeExceeded(FakeContext())).code, "context_size_exceeded")
         XCTAssertEqual(PlanErrorNames.map(LanguageModelError.rateLimited(FakeContext())).code, "rate_limited")
         XCTAssertEqual(PlanErrorNames.map(LanguageModelSession.Error.concurrentRequests(FakeContext())).code, "busy")
+    }
+
+    /// A case without a payload has no Mirror label: its plain description is its name.
+    func testACaseWithoutAPayloadIsNamedToo() {
+        XCTAssertEqual(PlanErrorNames.caseLabel(PayloadFree.transcriptMutationWhileResponding), "transcriptMutationWhileResponding")
+        XCTAssertEqual(PlanErrorNames.map(PayloadFree.transcriptMutationWhileResponding).code, "busy")
+        XCTAssertEqual(PlanErrorNames.map(PayloadFree.refusal).code, "refusal")
     }
 
     /// A case the table does not know is named by its type where the whole type means one code.

@@ -15,6 +15,20 @@ final class PlanSchemaTests: XCTestCase {
         XCTAssertEqual(props.map(\.isOptional), [false, false, true])
     }
 
+    /// A number bound that overflowed to infinity in the JSON is refused, not kept as `inf`.
+    func testInfiniteNumberBoundsAreRefused() {
+        for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+            for v in ["1e999", "-1e999"] {
+                let bad = #"{"type":"number","\#(key)":\#(v)}"#
+                XCTAssertThrowsError(try conv(bad)) { e in
+                    XCTAssertEqual((e as? OamError)?.code, "invalid_schema", bad)
+                    XCTAssertTrue((e as? OamError)?.message.contains("\(key) must be a finite number") ?? false, bad)
+                }
+            }
+        }
+        XCTAssertNoThrow(try conv(#"{"type":"number","exclusiveMinimum":1e300}"#))
+    }
+
     /// Counts and integer bounds that would trap in Int(_: Double) are refused with
     /// invalid_schema (the trap would take the host process down).
     func testOutOfRangeNumbersAreRefusedNotTrapped() {

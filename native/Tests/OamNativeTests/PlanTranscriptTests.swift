@@ -118,6 +118,7 @@ final class PlanTranscriptTests: XCTestCase {
     /// refused with invalid_params instead of taking the host process down.
     func testOutOfRangeOptionsAreRefusedNotTrapped() {
         for (bad, what) in [(#"{"maxTokens":1e300}"#, "maxTokens"), (#"{"maxTokens":3e9}"#, "maxTokens"),
+                            (#"{"seed":18446744073709551615}"#, "below 1.8e19"), (#"{"seed":1.85e19}"#, "below 1.8e19"),
                             (#"{"temperature":1.5}"#, "temperature"), (#"{"temperature":1e300}"#, "temperature")] {
             XCTAssertThrowsError(try PlanTranscript.parseOptions(req(bad))) { e in
                 XCTAssertEqual((e as? OamError)?.code, "invalid_params", bad)
