@@ -164,6 +164,8 @@ class EngineInfo(msgspec.Struct, frozen=True, rename="camel"):
     # and for larger ones (prompt chunks, several NPCs at once)
     threads: int | None = None
     batch_threads: int | None = None
+    # native on Apple's model: the languages it speaks (BCP 47, "en", "zh-Hans"); else null
+    languages: list[str] | None = None
 
 
 class Engine(Protocol):

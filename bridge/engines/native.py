@@ -176,6 +176,13 @@ def apple_model() -> tuple[bool, str | None]:
     return bool(info.get("available")), info.get("reason")
 
 
+def _languages(raw: Any) -> list[str] | None:
+    """The library's ``languages`` (a list of BCP 47 strings), or None."""
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        return None
+    return list(raw)
+
+
 def scripted_backend_note(why: str | None) -> str:
     """The ``reason`` an engine info carries when the library runs its scripted model; ``why``:
     why Apple's model is not available (None: it is, and the scripted one was asked for)."""
@@ -346,6 +353,7 @@ class NativeEngine:
             reason=reason,
             context_size=self.context_size,
             features=list(self._info.get("features", [])),
+            languages=_languages(self._info.get("languages")),
         )
 
     def _check(self) -> None:

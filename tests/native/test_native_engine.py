@@ -524,3 +524,13 @@ def test_native_stream_reaches_the_library_from_the_command_line():
         assert engine._config["stream"] == want
     with pytest.raises(SystemExit):
         ap.parse_args(["--native-stream", "sometimes"])
+
+
+def test_the_languages_the_model_speaks_reach_engine_info():
+    """Apple's backend lists ``supportedLanguages`` (BCP 47); the scripted one says what its
+    config names, else nothing (null: not known)."""
+    assert native.NativeEngine(languages=["en", "de"]).info().languages == ["en", "de"]
+    assert native.NativeEngine().info().languages is None
+    with pytest.raises(BridgeError) as e:
+        native.NativeEngine(languages="en")
+    assert e.value.code == "invalid_request"

@@ -208,3 +208,10 @@ async def test_an_untooled_step_streams_its_words() -> None:
     print(f"streamed: {streamed[0]} chunks, first {streamed[1]:.2f} s, last {streamed[2]:.2f} s; never: {never}")
     assert streamed[0] > 1 and streamed[1] < streamed[2]
     assert never[0] == 1
+
+
+async def test_the_languages_apple_lists() -> None:
+    """engine/status ``languages``: Apple's supportedLanguages as BCP 47 identifiers."""
+    languages = engine().info().languages
+    print(f"languages: {languages}")
+    assert languages and "en" in languages

@@ -87,6 +87,8 @@ final class AppleBackend: Backend, @unchecked Sendable {
             "name": .string("native"), "backend": .string(name), "available": .bool(reason == nil),
             "reason": reason.map { .string($0) } ?? .null, "contextSize": .int(model.contextSize),
             "features": .array(features), "guardrails": .string(guardrails),
+            // BCP 47 (minimal: "en", "zh-Hans"): a game checks the player's language before a turn
+            "languages": .array(model.supportedLanguages.map(\.minimalIdentifier).sorted().map { .string($0) }),
         ])
     }
 

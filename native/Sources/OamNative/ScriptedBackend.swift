@@ -28,6 +28,7 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
     private var callCounter = 0  // guarded by lock
     private let gate = PlanStepGate()  // one step per NPC at a time, NPCs together (as the Apple backend)
     let contextSize: Int
+    private let languages: JSON
 
     init(config: JSON) throws {
         if let s = config["script"], s != .null {
@@ -40,6 +41,14 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             script = []
         }
         contextSize = config["contextSize"]?.int ?? 4096
+        if let l = config["languages"], l != .null {
+            guard let arr = l.array, arr.allSatisfy({ $0.string != nil }) else {
+                throw OamError("invalid_request", "languages must be an array of strings")
+            }
+            languages = .array(arr)
+        } else {
+            languages = .null
+        }
     }
 
     func info() -> JSON {
@@ -47,6 +56,7 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             "name": .string("native"), "backend": .string(name), "available": .bool(true),
             "reason": .null, "contextSize": .int(contextSize),
             "features": .array([.string("streaming"), .string("tools"), .string("schema"), .string("scripted")]),
+            "languages": languages,   // config "languages" (tests); null: not known
         ])
     }
 
