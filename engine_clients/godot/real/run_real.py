@@ -6,7 +6,9 @@ caches) against the real bridge, which runs inside the chroot as the subprocess 
 2. `godot --headless --import`, then every check of tests/godot/runner.gd (the scenario, the
    README quick start, the README's "Shipping your game" snippet against `make dist`'s build, the
    addon's own checks);
-3. orphan: a game with a running bridge is killed with SIGKILL; the bridge must be gone
+3. export: `godot --export-release` with Debian's release template; the addon's export plugin
+   must place make dist's bridge beside the executable, and the exported game must start it;
+4. orphan: a game with a running bridge is killed with SIGKILL; the bridge must be gone
    within 1 s.
 
 Exit 0: all passed; 1: something failed; 77: Godot could not be set up (run_tests.sh makes
@@ -119,6 +121,63 @@ def dist_check(root: Path) -> tuple[bool, list[str]]:
     return True, [f"--dist={IN_CHROOT_DIST}/oam-bridge"]
 
 
+EXPORT_PRESETS = """[preset.0]
+
+name="Linux"
+platform="Linux"
+runnable=true
+export_filter="all_resources"
+include_filter="*.json"
+exclude_filter=""
+export_path=""
+
+[preset.0.options]
+
+custom_template/debug=""
+custom_template/release="/usr/bin/godot-template-release"
+binary_format/embed_pck=false
+binary_format/architecture="x86_64"
+"""
+
+
+def export_game(root: Path, base: Path, host: Path, inside: str) -> bool:
+    """A real export (Debian's godot-template-release): the addon's export plugin must put the
+    shipped bridge beside the executable as oam-bridge/, and the exported game must start it
+    from there (runner.gd's "exported" check, in the exported executable)."""
+    if not (DIST / "oam-bridge").is_file():
+        fail = os.environ.get("CI") == "true"
+        print(f"-- export: {'FAIL' if fail else 'skip'}: dist/oam-bridge not built (make dist)")
+        return not fail
+    (host / "export_presets.cfg").write_text(EXPORT_PRESETS)
+    # a release template takes no scene on its command line: the exported game runs the checks
+    project = host / "project.godot"
+    project.write_text(re.sub(r'run/main_scene="[^"]*"', 'run/main_scene="res://tests/godot/runner.tscn"',
+                              project.read_text()))
+    out = base / "export"
+    out.mkdir()
+    exe = "/" + str(out.relative_to(root)) + "/game.x86_64"
+    t0 = time.monotonic()
+    exported = godot(root, inside, "--export-release", "Linux", exe, timeout=300)
+    took = time.monotonic() - t0
+    copied = [ln for ln in exported.stdout.splitlines() if ln.startswith("[oam-bridge] copied")]
+    placed = out / "oam-bridge" / "oam-bridge"
+    ok = exported.returncode == 0 and (out / "game.x86_64").is_file() and placed.is_file()
+    ok = ok and os.access(placed, os.X_OK) and (out / "oam-bridge" / "_internal").is_dir()
+    print(f"-- export: godot --export-release (exit {exported.returncode}, {took:.0f} s): "
+          f"{'ok' if ok else 'FAIL'}: {copied[0] if copied else 'the plugin copied nothing'}")
+    if not ok:
+        for ln in (exported.stderr + exported.stdout).splitlines()[-15:]:
+            print("   | " + ln)
+        return False
+    cmd = chroot_cmd(root, exe, "--headless", "--", "--only=exported")
+    try:
+        ran = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        print("-- the exported game: FAIL (timed out)")
+        return False
+    return report("the exported game starts the bridge the export placed", ran)
+
+
 def godot(root: Path, project: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     cmd = chroot_cmd(root, "godot", "--headless", "--path", project, *args)
     try:
@@ -218,6 +277,8 @@ def main() -> int:
         ok &= imported.returncode == 0
         full = godot(root, inside, "res://tests/godot/runner.tscn", "--", *only, timeout=300)
         ok &= report("after --import: every check", full)
+        if not args.only:
+            ok &= export_game(root, base, host, inside)
         ok &= orphan(root, inside)
     finally:
         if not args.keep:

@@ -27,6 +27,10 @@ print("\n".join(re.findall(r'"([^"]+)"', block)))
 PY
 )
 mapfile -t DEPS <<< "$WANT"
+# The Debian packages too: a chroot made without one of them is rebuilt.
+PACKAGES="godot godot-template-release python3 python3-venv"
+WANT="$WANT
+apt: $PACKAGES"
 ready() { [ -f "$ROOT/$STAMP" ] && [ "$(cat "$ROOT/$STAMP")" = "$WANT" ]; }
 
 if ready; then echo "$ROOT"; exit 0; fi
@@ -65,9 +69,9 @@ echo 'Acquire::Check-Valid-Until "false";' > "$WORK/etc/apt/apt.conf.d/99oam-no-
 mkdir -p "$WORK/etc/ssl/certs"
 cp /etc/ssl/certs/ca-certificates.crt "$WORK/etc/ssl/certs/oam-host-ca.crt"
 cp /etc/resolv.conf "$WORK/etc/resolv.conf" 2>/dev/null || true
-log "apt-get install godot python3 python3-venv"
+log "apt-get install $PACKAGES"
 chroot "$WORK" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-    sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends godot python3 python3-venv' >&2
+    sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES" >&2
 # The bridge's runtime dependencies, in a venv inside the chroot: each requirement is one
 # argument, so its version bound reaches pip (unquoted, `>=0.25` is a shell redirection).
 log "venv with: ${DEPS[*]}"

@@ -31,6 +31,12 @@ const OamProtocol := preload("oam_protocol.gd")
 const OamCall := preload("oam_call.gd")
 const OamTurn := preload("oam_turn.gd")
 
+## Said when there is neither an autoload OamBridge nor a bridge set.
+const NO_CLIENT := (
+	"OamNpc %s: no autoload OamBridge: enable the OAM Bridge plugin (Project > Project Settings"
+	+ " > Plugins), or set this node's bridge to an oam_bridge.gd node before adding it"
+)
+
 @export var npc_id: String = ""
 ## npc/create's params but tools and npcId: instructions, persona, engine, tags, fallbacks,
 ## script, ...
@@ -46,6 +52,9 @@ var _handlers := {}  # tool name -> Callable
 func _enter_tree() -> void:
 	if npc_id.is_empty():
 		npc_id = str(name)
+	if _client() == null:
+		push_error(NO_CLIENT % npc_id)
+		return
 	_client().attach_npc(npc_id, self)
 	for tool_name: String in _handlers:
 		_client().register_tool(tool_name, _handlers[tool_name], npc_id)

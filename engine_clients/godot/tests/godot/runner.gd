@@ -54,8 +54,11 @@ func _ready() -> void:
 		"stop_nonblocking",
 		"big_line",
 		"dead_bridge_write",
-		"quit_fast"
+		"quit_fast",
+		"export_placement"
 	]
+	if "exported" in only:  # only in the exported game (run_real.py exports it first)
+		tests.append("exported")
 	get_tree().create_timer(240.0).timeout.connect(_watchdog)
 	for test_name: String in tests:
 		if (not only.is_empty() and test_name not in only) or test_name in skip:
@@ -428,6 +431,72 @@ func _shipped_turns(bridge: Node, node: Node) -> String:
 			% [started_ms, Time.get_ticks_msec() - t0, line]
 		)
 	)
+	return PASS
+
+
+# The export plugin's copy (oam_export.gd): the shipped folder lands beside the game's
+# executable as oam-bridge/, its executable still executable, where shipped_bridge_path looks.
+func _test_export_placement() -> String:
+	if not ResourceLoader.exists(ADDON + "oam_export.gd"):
+		return "no oam_export.gd (the export plugin's copy)"
+	if ResourceLoader.load(ADDON + "oam_export_plugin.gd") == null:
+		return "oam_export_plugin.gd does not load"
+	var export_script: GDScript = load(ADDON + "oam_export.gd")
+	var root := OS.get_user_data_dir().path_join("oam_export_test")
+	var dist := root.path_join("dist")
+	var game := root.path_join("game")
+	DirAccess.make_dir_recursive_absolute(dist.path_join("_internal/lib"))
+	var exe := FileAccess.open(dist.path_join("oam-bridge"), FileAccess.WRITE)
+	exe.store_string("#!/bin/sh\necho shipped\n")
+	exe.close()
+	FileAccess.set_unix_permissions(dist.path_join("oam-bridge"), 493)  # 0755
+	var lib := FileAccess.open(dist.path_join("_internal/lib/data.bin"), FileAccess.WRITE)
+	lib.store_string("data")
+	lib.close()
+	var missing: String = export_script.place(root.path_join("nothing"), game)
+	if not missing.contains("no oam-bridge in"):
+		return "a folder without the executable: %s" % missing
+	var why: String = export_script.place(dist, game)
+	if not why.is_empty():
+		return "place: " + why
+	var placed := game.path_join("oam-bridge/oam-bridge")
+	if FileAccess.get_file_as_string(game.path_join("oam-bridge/_internal/lib/data.bin")) != "data":
+		return "the _internal folder was not copied"
+	if (FileAccess.get_unix_permissions(placed) & 73) == 0:  # 73 = 0111: no x bit
+		return (
+			"the copied executable is not executable (mode %d)"
+			% FileAccess.get_unix_permissions(placed)
+		)
+	var out: Array = []
+	if OS.execute(placed, [], out) != 0 or not str(out[0]).contains("shipped"):
+		return "the copied executable does not run: %s" % out
+	return PASS
+
+
+# In the exported game only: the export plugin put the shipped bridge beside the executable,
+# and the client starts it from there (shipped_bridge_path without an editor path).
+func _test_exported() -> String:
+	if OS.has_feature("editor"):
+		return "not an exported game (run_real.py runs this in the exported executable)"
+	var bridge := get_node_or_null(^"/root/OamBridge")
+	if bridge == null:
+		return "no autoload OamBridge"
+	var path: String = bridge.shipped_bridge_path()
+	var expected := OS.get_executable_path().get_base_dir().path_join("oam-bridge/oam-bridge")
+	if path != expected:
+		return "shipped_bridge_path() is %s, not %s" % [path, expected]
+	if not bridge.start(path, PackedStringArray(["--engine", "scripted"])):
+		return "start(%s): %s" % [path, bridge.last_error]
+	var init = await bridge.initialize("godot-exported-test", "1").wait()
+	if not init.is_ok():
+		return "initialize: %s" % init.error
+	var config := {"engine": "scripted", "script": [{"text": "Exported."}]}
+	await bridge.create_npc("porter", config).wait()
+	var turn = await bridge.respond("porter", "Is it shipped?").turn.wait()
+	bridge.stop()
+	if not turn.is_ok() or turn.text != "Exported.":
+		return "scripted turn: %s %s" % [turn.text, turn.error]
+	print("  the exported game started %s" % path)
 	return PASS
 
 
