@@ -3,7 +3,7 @@
 # OamBridge.Build.cs stages it with RuntimeDependencies and UOamBridgeSubsystem finds it:
 #   <Plugin>/Binaries/ThirdParty/OamBridge/<Platform>/oam-bridge[.exe] (+ _internal/)
 # usage: stage_bridge.sh [DIST_FOLDER] [PLATFORM]
-#   DIST_FOLDER: default <repo>/dist/oam-bridge; PLATFORM: Win64, Mac, Linux, LinuxArm64 (default: this machine's)
+#   DIST_FOLDER: default <repo>/dist/oam-bridge; PLATFORM: Win64, Mac, Linux (default: this machine's; the plugin allows these three)
 #   OAM_PLUGIN_DIR: the plugin to stage into (default: this folder); OAM_STAGE_LINK=1 hard-links instead of copying.
 set -eu
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -11,7 +11,7 @@ DIST=${1:-$HERE/../../dist/oam-bridge}
 case "${2:-$(uname -s)-$(uname -m)}" in
     Win64|MINGW*|MSYS*|CYGWIN*) PLATFORM=Win64; EXE=oam-bridge.exe ;;
     Mac|Darwin-*) PLATFORM=Mac; EXE=oam-bridge ;;
-    LinuxArm64|Linux-aarch64|Linux-arm64) PLATFORM=LinuxArm64; EXE=oam-bridge ;;
+    LinuxArm64|Linux-aarch64|Linux-arm64) echo "stage_bridge.sh: LinuxArm64 is not a platform of the plugin (OamBridge.uplugin: Win64, Linux, Mac)" >&2; exit 2 ;;
     Linux|Linux-*) PLATFORM=Linux; EXE=oam-bridge ;;
     *) echo "stage_bridge.sh: unknown platform ${2:-$(uname -s)}" >&2; exit 2 ;;
 esac

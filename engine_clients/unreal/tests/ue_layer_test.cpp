@@ -89,6 +89,23 @@ int main()
 	UListener* L = NewObject<UListener>();
 	L->Npc = Npc;
 	CHECK(Npc->GetNpcId() == FString("Guard_1"), "an NPC without NpcId is named after its actor (two default components do not collide)");
+	{
+		// streamed sublevels: two "Guard_1" actors, one per map, get different, stable ids
+		UObject* DocksMap = NewObject<UObject>(nullptr, TEXT("/Game/Maps/UEDPIE_0_Docks"));
+		UObject* MainMap = NewObject<UObject>(nullptr, TEXT("/Game/Maps/Main"));
+		ULevel* Docks = NewObject<ULevel>(DocksMap, TEXT("PersistentLevel"));
+		ULevel* Main = NewObject<ULevel>(MainMap, TEXT("PersistentLevel"));
+		World->PersistentLevel = Main;
+		AActor* InDocks = NewObject<AActor>(Docks, TEXT("Guard_1"));
+		AActor* InMain = NewObject<AActor>(Main, TEXT("Guard_1"));
+		InDocks->StubWorld = World;
+		InMain->StubWorld = World;
+		UOamNpcComponent* A = NewObject<UOamNpcComponent>(InDocks, TEXT("OamNpc"));
+		UOamNpcComponent* B = NewObject<UOamNpcComponent>(InMain, TEXT("OamNpc"));
+		CHECK(A->GetNpcId() == FString("Docks/Guard_1"), std::string("a sublevel's actor: map/name without the PIE prefix (") + *A->GetNpcId() + ")");
+		CHECK(B->GetNpcId() == FString("Guard_1"), "the persistent level's actor keeps its name");
+		World->PersistentLevel = nullptr;
+	}
 	Npc->Config.Persona.Name = TEXT("Bram");
 	Npc->Config.Persona.Role = TEXT("the gate guard");
 	FOamTool Door;

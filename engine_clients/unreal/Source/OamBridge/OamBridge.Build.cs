@@ -34,7 +34,8 @@ public class OamBridge : ModuleRules
 		if (Target.Platform == UnrealTargetPlatform.Win64) BridgePlatform = "Win64";
 		else if (Target.Platform == UnrealTargetPlatform.Mac) BridgePlatform = "Mac";
 		else if (Target.Platform == UnrealTargetPlatform.Linux) BridgePlatform = "Linux";
-		else if (Target.Platform == UnrealTargetPlatform.LinuxArm64) BridgePlatform = "LinuxArm64";
+		// Not LinuxArm64: OamBridge.uplugin allows Win64, Linux and Mac, the platforms make dist
+		// builds for (its llama.cpp wheel is x86-64 on Linux).
 		if (BridgePlatform != null)
 		{
 			string BridgeDir = Path.Combine(PluginDirectory, "Binaries", "ThirdParty", "OamBridge", BridgePlatform);

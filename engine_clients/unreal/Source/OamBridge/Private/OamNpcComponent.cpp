@@ -2,8 +2,10 @@
 #include "OamNpcComponent.h"
 
 #include "Engine/GameInstance.h"
+#include "Engine/Level.h"
 #include "Engine/World.h"
 #include "GameFramework/Actor.h"
+#include "Misc/PackageName.h"
 
 #include <string>
 
@@ -32,7 +34,22 @@ FString UOamNpcComponent::GetNpcId() const
 		return Config.NpcId;
 	}
 	const AActor* Owner = GetOwner();
-	return Owner ? Owner->GetName() : GetName();
+	if (!Owner)
+	{
+		return GetName();
+	}
+	// An actor's name is unique in its level only: two streamed sublevels may each hold a
+	// "Guard_1". An actor of a sublevel is "<its map's name>/<its name>" ("Docks/Guard_1"; Play
+	// In Editor's UEDPIE_n_ prefix removed, so the id is the same in the editor and the packaged
+	// game, and a transcript saved under it loads in both); the persistent level's keep their name.
+	const ULevel* Level = Owner->GetLevel();
+	const UWorld* World = Owner->GetWorld();
+	if (Level && World && World->PersistentLevel && Level != World->PersistentLevel)
+	{
+		const FString Map = UWorld::RemovePIEPrefix(FPackageName::GetShortName(Level->GetOutermost()->GetName()));
+		return Map + TEXT("/") + Owner->GetName();
+	}
+	return Owner->GetName();
 }
 
 void UOamNpcComponent::BeginPlay()

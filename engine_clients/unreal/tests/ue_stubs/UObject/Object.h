@@ -13,6 +13,8 @@ public:
     virtual ~UObject() { UEStub_LiveObjects().erase(this); }
     virtual UWorld* GetWorld() const { return nullptr; }
     UObject* GetOuter() const { return Outer; }
+    // the top of the outer chain (Unreal: the UPackage, e.g. a map's "/Game/Maps/Docks")
+    UObject* GetOutermost() const { const UObject* o = this; while (o->Outer) o = o->Outer; return const_cast<UObject*>(o); }
     FString GetName() const { return Name; }
     // stub only: NewObject's arguments
     UObject* Outer = nullptr;
