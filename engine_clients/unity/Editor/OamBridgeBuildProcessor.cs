@@ -12,26 +12,30 @@ using Debug = UnityEngine.Debug;
 namespace Oam.Bridge.Unity.EditorBuild
 {
     /// <summary>
-    /// Ships the bridge with a desktop player build. Before the build it checks that the project
-    /// holds a dist for the target (<c>OamBridge/&lt;os&gt;-&lt;arch&gt;/oam-bridge[.exe]</c> beside
-    /// <c>Assets</c>, i.e. <c>make dist</c>'s <c>dist/oam-bridge</c> folder, one per platform; the
-    /// environment variable <c>OAM_BRIDGE_DIST_ROOT</c> names another folder of that shape) and fails
-    /// the build with instructions if not; after the build it copies every dist of the target's OS
-    /// (e.g. <c>windows-x64</c> and <c>windows-arm64</c>) into the player's
-    /// <c>StreamingAssets/oam-bridge/</c>, where <see cref="OamBridgeLocation"/> finds it at run time.
-    /// Dists already under <c>Assets/StreamingAssets/oam-bridge</c> are shipped by Unity itself and
-    /// are not copied again. <c>OAM_BRIDGE_SKIP_DIST=1</c> turns the step off (a game that starts the
-    /// bridge some other way). Mobile, web and console targets only get a warning: they cannot start
-    /// subprocesses.
+    /// Ships the bridge with a desktop player build (Unity 2021.2+). Before the build
+    /// (<see cref="PrepareForBuild"/>) it checks that the project holds a dist for the target
+    /// (<c>OamBridge/&lt;os&gt;-&lt;arch&gt;/oam-bridge[.exe]</c> beside <c>Assets</c>, i.e. <c>make dist</c>'s
+    /// <c>dist/oam-bridge</c> folder, one per platform; the environment variable
+    /// <c>OAM_BRIDGE_DIST_ROOT</c> names another folder of that shape) and fails the build with
+    /// instructions if not; then it hands every dist of the target's OS (e.g. <c>windows-x64</c> and
+    /// <c>windows-arm64</c>) to Unity with <c>BuildPlayerContext.AddAdditionalPathToStreamingAssets</c>, as
+    /// <c>StreamingAssets/oam-bridge/&lt;platform&gt;/</c>, where <see cref="OamBridgeLocation"/> finds it at run
+    /// time: Unity copies it into the player itself, before it signs a macOS app, and into an Xcode
+    /// project export too. After the build (<see cref="OnPostprocessBuild"/>) the shipped executables get
+    /// their executable bit back where the player's StreamingAssets can be found (a build made on macOS
+    /// or Linux). Dists already under <c>Assets/StreamingAssets/oam-bridge</c> are shipped by Unity as
+    /// assets and are not added again. <c>OAM_BRIDGE_SKIP_DIST=1</c> turns the step off (a game that
+    /// starts the bridge some other way). Mobile, web and console targets only get a warning: they
+    /// cannot start subprocesses.
     /// </summary>
-    public sealed class OamBridgeBuildProcessor : IPreprocessBuildWithReport, IPostprocessBuildWithReport
+    public sealed class OamBridgeBuildProcessor : BuildPlayerProcessor, IPostprocessBuildWithReport
     {
-        public int callbackOrder => 0;
+        public override int callbackOrder => 0;
 
-        public void OnPreprocessBuild(BuildReport report)
+        public override void PrepareForBuild(BuildPlayerContext context)
         {
             if (Skipped()) return;
-            BuildTarget target = report.summary.platform;
+            BuildTarget target = context.BuildPlayerOptions.target;
             string os = OsOf(target);
             if (os == null)
             {
@@ -39,11 +43,18 @@ namespace Oam.Bridge.Unity.EditorBuild
                                  + "desktops can), so OamNpc will not work in this build");
                 return;
             }
-            if (DistsFor(os, SourceRoot()).Count == 0 && DistsFor(os, ProjectStreamingAssets()).Count == 0)
+            List<string> dists = DistsFor(os, SourceRoot());
+            if (dists.Count == 0 && DistsFor(os, ProjectStreamingAssets()).Count == 0)
                 throw new BuildFailedException("oam-bridge: no bridge for " + target + ": run `make dist` on " + os
                     + " and copy dist/oam-bridge/ to " + Path.Combine(SourceRoot(), os + "-<arch>") + " (e.g. " + os
                     + "-x64), so that " + Path.Combine(SourceRoot(), os + "-x64", OamBridgeLocation.ExecutableName(os + "-x64"))
                     + " exists; or set OAM_BRIDGE_SKIP_DIST=1 if the game starts the bridge another way");
+            foreach (string dist in dists)
+            {
+                string inStreamingAssets = OamBridgeLocation.FolderName + "/" + Path.GetFileName(dist);
+                context.AddAdditionalPathToStreamingAssets(dist, inStreamingAssets);
+                Debug.Log("oam-bridge: shipping " + dist + " as StreamingAssets/" + inStreamingAssets);
+            }
         }
 
         public void OnPostprocessBuild(BuildReport report)
@@ -52,24 +63,10 @@ namespace Oam.Bridge.Unity.EditorBuild
             BuildTarget target = report.summary.platform;
             string os = OsOf(target);
             if (os == null) return;
-            List<string> dists = DistsFor(os, SourceRoot());
-            if (dists.Count == 0) return; // shipped from Assets/StreamingAssets (checked before the build)
             string streamingAssets = PlayerStreamingAssets(target, report.summary.outputPath);
-            if (streamingAssets == null)
-            {
-                Debug.LogWarning("oam-bridge: cannot tell where " + report.summary.outputPath + " keeps StreamingAssets; "
-                                 + "copy the dist to StreamingAssets/oam-bridge/<platform>/ yourself");
-                return;
-            }
-            foreach (string dist in dists)
-            {
-                string platform = Path.GetFileName(dist);
-                string destination = Path.Combine(streamingAssets, OamBridgeLocation.FolderName, platform);
-                if (Directory.Exists(destination)) Directory.Delete(destination, true);
-                CopyDirectory(dist, destination);
-                MakeExecutable(Path.Combine(destination, OamBridgeLocation.ExecutableName(platform)));
-                Debug.Log("oam-bridge: shipped " + dist + " as " + destination);
-            }
+            if (streamingAssets == null) return; // an Xcode project: its build keeps the files' modes
+            foreach (string dist in DistsFor(os, Path.Combine(streamingAssets, OamBridgeLocation.FolderName)))
+                MakeExecutable(Path.Combine(dist, OamBridgeLocation.ExecutableName(Path.GetFileName(dist))));
         }
 
         static bool Skipped() => Environment.GetEnvironmentVariable("OAM_BRIDGE_SKIP_DIST") == "1";
@@ -122,15 +119,6 @@ namespace Oam.Bridge.Unity.EditorBuild
                     ? Path.Combine(path, "Contents", "Resources", "Data", "StreamingAssets") : null;
             string dir = Path.GetDirectoryName(path) ?? "";
             return Path.Combine(dir, Path.GetFileNameWithoutExtension(path) + "_Data", "StreamingAssets");
-        }
-
-        static void CopyDirectory(string source, string destination)
-        {
-            Directory.CreateDirectory(destination);
-            foreach (string file in Directory.GetFiles(source))
-                File.Copy(file, Path.Combine(destination, Path.GetFileName(file)), true);
-            foreach (string dir in Directory.GetDirectories(source))
-                CopyDirectory(dir, Path.Combine(destination, Path.GetFileName(dir)));
         }
 
         // a build made on macOS or Linux: keep the executable bit (Windows targets do not need it)

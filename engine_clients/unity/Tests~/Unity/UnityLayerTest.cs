@@ -342,45 +342,50 @@ static class UnityLayerTest
         WriteExecutable(Path.Combine(dists, "macos-x64", "oam-bridge"), "placeholder");
 
         var processor = new OamBridgeBuildProcessor();
-        Check("the build step is both a pre- and a post-build callback",
-            processor is IPreprocessBuildWithReport && processor is IPostprocessBuildWithReport);
+        Check("the build step prepares the player build (BuildPlayerProcessor) and fixes modes after it",
+            processor is BuildPlayerProcessor && processor is IPostprocessBuildWithReport);
 
-        // Linux player
+        // Linux player: the dists are handed to Unity, which copies them into the player (StubBuild
+        // plays Unity's part, copying what the context was given); then the post-build step
         string build = Path.Combine(_tmp, "build-linux", "Game.x86_64");
-        BuildReport report = StubBuild.Report(BuildTarget.StandaloneLinux64, build);
-        processor.OnPreprocessBuild(report);
-        processor.OnPostprocessBuild(report);
         string streaming = Path.Combine(_tmp, "build-linux", "Game_Data", "StreamingAssets");
+        BuildPlayerContext context = StubBuild.Context(BuildTarget.StandaloneLinux64, build);
+        processor.PrepareForBuild(context);
+        StubBuild.CopyStreamingAssets(context, streaming);
+        foreach (string f in Directory.GetFiles(Path.Combine(streaming, "oam-bridge", "linux-x64")))
+            Sh("-c \"chmod -x '" + f + "'\"");  // as a copy that lost the mode
+        processor.OnPostprocessBuild(StubBuild.Report(BuildTarget.StandaloneLinux64, build));
         string shipped = Path.Combine(streaming, "oam-bridge", "linux-x64", "oam-bridge");
-        Check("Linux: the dist is copied to Game_Data/StreamingAssets/oam-bridge/linux-x64", File.Exists(shipped)
+        Check("Linux: the dist is shipped as StreamingAssets/oam-bridge/linux-x64", File.Exists(shipped)
             && File.Exists(Path.Combine(streaming, "oam-bridge", "linux-x64", "_internal", marker)));
-        Check("Linux: it stays executable", Sh("-c \"test -x '" + shipped + "'\"") != null);
+        Check("Linux: it is executable after the build", Sh("-c \"test -x '" + shipped + "'\"") != null);
         Check("Linux: no other OS's dist is shipped", Directory.GetDirectories(Path.Combine(streaming, "oam-bridge")).Length == 1);
 
-        // Windows and macOS layouts
-        report = StubBuild.Report(BuildTarget.StandaloneWindows64, Path.Combine(_tmp, "build-win", "Game.exe"));
-        processor.OnPreprocessBuild(report);
-        processor.OnPostprocessBuild(report);
-        Check("Windows: Game_Data/StreamingAssets/oam-bridge/windows-x64/oam-bridge.exe",
-            File.Exists(Path.Combine(_tmp, "build-win", "Game_Data", "StreamingAssets", "oam-bridge", "windows-x64", "oam-bridge.exe")));
-        report = StubBuild.Report(BuildTarget.StandaloneOSX, Path.Combine(_tmp, "build-mac", "Game.app"));
-        processor.OnPostprocessBuild(report);
-        string macSa = Path.Combine(_tmp, "build-mac", "Game.app", "Contents", "Resources", "Data", "StreamingAssets", "oam-bridge");
-        Check("macOS: Game.app/Contents/Resources/Data/StreamingAssets/oam-bridge/macos-{arm64,x64}",
-            File.Exists(Path.Combine(macSa, "macos-arm64", "oam-bridge")) && File.Exists(Path.Combine(macSa, "macos-x64", "oam-bridge")));
+        // Windows, and macOS (an app, and an Xcode project export: Unity copies streaming assets into both)
+        context = StubBuild.Context(BuildTarget.StandaloneWindows64, Path.Combine(_tmp, "build-win", "Game.exe"));
+        processor.PrepareForBuild(context);
+        Check("Windows: windows-x64 as StreamingAssets/oam-bridge/windows-x64",
+            context.Added.Count == 1 && context.Added[0].Value == "oam-bridge/windows-x64"
+            && File.Exists(Path.Combine(context.Added[0].Key, "oam-bridge.exe")));
+        context = StubBuild.Context(BuildTarget.StandaloneOSX, Path.Combine(_tmp, "build-mac", "GameXcode"));
+        processor.PrepareForBuild(context);
+        Check("macOS (also an Xcode project export): oam-bridge/macos-{arm64,x64}",
+            context.Added.Count == 2 && context.Added[0].Value == "oam-bridge/macos-arm64" && context.Added[1].Value == "oam-bridge/macos-x64");
+        processor.OnPostprocessBuild(StubBuild.Report(BuildTarget.StandaloneOSX, Path.Combine(_tmp, "build-mac", "GameXcode")));
+        Ok("macOS Xcode export: the post-build step leaves the project alone");
 
         // no dist for the target: the build fails with instructions; mobile only warns
         Directory.Delete(Path.Combine(dists, "windows-x64"), true);
         try
         {
-            processor.OnPreprocessBuild(StubBuild.Report(BuildTarget.StandaloneWindows64, Path.Combine(_tmp, "w2", "Game.exe")));
+            processor.PrepareForBuild(StubBuild.Context(BuildTarget.StandaloneWindows64, Path.Combine(_tmp, "w2", "Game.exe")));
             Fail("a Windows build without a Windows dist fails");
         }
         catch (BuildFailedException e)
         {
             Check("a Windows build without a Windows dist fails, naming the folder", e.Message.Contains("windows-x64"), () => e.Message);
         }
-        processor.OnPreprocessBuild(StubBuild.Report(BuildTarget.Android, Path.Combine(_tmp, "a", "Game.apk")));
+        processor.PrepareForBuild(StubBuild.Context(BuildTarget.Android, Path.Combine(_tmp, "a", "Game.apk")));
         Ok("an Android build only warns (no subprocesses there)");
 
         // the built player finds the shipped bridge
