@@ -266,7 +266,10 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 class LlamaServer:
-    def __init__(self, binary: str, model: str, n: int, ctx: int, threads: int, batch_threads: int) -> None:
+    def __init__(
+        self, binary: str, model: str, n: int, ctx: int, threads: int | None, batch_threads: int | None
+    ) -> None:
+        """``threads``/``batch_threads``: ``-t``/``-tb``; None leaves llama-server's default."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [
@@ -282,10 +285,8 @@ class LlamaServer:
             "-cb",
             "-c",
             str(ctx * n),
-            "-t",
-            str(threads),
-            "-tb",
-            str(batch_threads),
+            *(["-t", str(threads)] if threads is not None else []),
+            *(["-tb", str(batch_threads)] if batch_threads is not None else []),
             "--ignore-eos",
             "--jinja",
             "--no-webui",

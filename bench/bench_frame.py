@@ -36,10 +36,8 @@ import shlex
 import statistics as st
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import trio
@@ -135,29 +133,6 @@ def ms(x: float) -> str:
     return f"{x * 1000:.2f}"
 
 
-def start_server(binary: str, model: str, n: int, ctx: int) -> bb.LlamaServer:
-    """llama-server with ``-np N -cb`` and its default threads (``bb.LlamaServer`` sets them)."""
-    server = bb.LlamaServer.__new__(bb.LlamaServer)
-    server.port = bb.free_port()
-    server.url = f"http://127.0.0.1:{server.port}"
-    server.argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(server.port), "-np", str(n), "-cb"]
-    server.argv += ["-c", str(ctx * n), "--ignore-eos", "--jinja", "--no-webui"]
-    server.log = tempfile.TemporaryFile()
-    server.p = subprocess.Popen(server.argv, stdin=subprocess.DEVNULL, stdout=server.log, stderr=server.log)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            pass
-        if server.p.poll() is not None or time.monotonic() > deadline:
-            server.close()
-            raise SystemExit("llama-server did not start")
-        time.sleep(0.2)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loop", type=int, help=argparse.SUPPRESS)
@@ -235,7 +210,7 @@ def server_side(
     """The loop beside llama-server (its defaults) serving the same rounds: each NPC asked
     for the tokens it generated through the bridge (``bridge``), else ``args.tokens``."""
     res = Result("llama-server -np N, defaults")
-    server = start_server(binary, model, n, args.ctx)
+    server = bb.LlamaServer(binary, model, n, args.ctx, None, None)  # its default threads
     try:
         trio.run(bb.server_warm, server)
         loop = Loop(units)
