@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--alone-s", type=float, default=15.0, help="seconds of the loop alone, per N")
     ap.add_argument("--bridge-args", default="", help="more arguments for the bridge (e.g. --llama-threads 2)")
     ap.add_argument("--no-server", action="store_true", help="leave llama-server out")
+    ap.add_argument("--bridge-nice", type=int, default=0, help="start the bridge under nice -n N (0: as is)")
     args = ap.parse_args()
     if args.loop is not None:
         loop_main(args.loop)
@@ -164,7 +165,8 @@ def main() -> None:
         flush=True,
     )
     bridge_argv = ["--engine", "llama", "--llama-ctx", str(args.ctx * max(ns)), *shlex.split(args.bridge_args)]
-    bridge = bb.Bridge(bridge_argv)
+    launcher = ["nice", "-n", str(args.bridge_nice), PY, "-m", "bridge"] if args.bridge_nice else None
+    bridge = bb.Bridge(bridge_argv, launcher=launcher)
     bridge.warm("llama")
     status = next(e for e in bridge.call("engine/status", {})["engines"] if e["name"] == "llama")
     print(f"bridge threads {status.get('threads')}, batch threads {status.get('batchThreads')}", flush=True)

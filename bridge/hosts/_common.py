@@ -51,6 +51,15 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
         ),
     )
     ap.add_argument(
+        "--priority",
+        choices=["below", "normal"],
+        default=os.environ.get("OAM_PRIORITY", "below"),
+        help=(
+            "the bridge's scheduling priority: below (default) yields the CPU to the game's frame when both want "
+            "it (nice +10; Windows: below normal), normal keeps the game's (env OAM_PRIORITY)"
+        ),
+    )
+    ap.add_argument(
         "--native-stream",
         choices=["untooled", "never"],
         default=os.environ.get("OAM_NATIVE_STREAM", "untooled"),
@@ -147,9 +156,39 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     )
 
 
+PRIORITY_NICE = 10  # bench/bench_frame.py: the game loop's p99 frame time beside 8 NPCs
+_lowered: list[bool] = []  # lower_priority has run (os.nice adds up: once per process)
+
+
+def lower_priority(priority: str) -> None:
+    """``below``: the bridge's threads yield the CPU to the game's when both want it (POSIX: nice
+    +10, for the threads already running (numpy's, started at import) and those started from now
+    on, which inherit it: the host calls it before it starts any of its own;
+    once per process, however often it is called; Windows: the
+    process's BELOW_NORMAL_PRIORITY_CLASS). A platform that refuses is said on stderr."""
+    if priority != "below" or _lowered:
+        return
+    _lowered.append(True)
+    try:
+        if sys.platform == "win32":
+            import ctypes
+
+            kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+            if not kernel32.SetPriorityClass(kernel32.GetCurrentProcess(), 0x00004000):
+                raise OSError("SetPriorityClass failed")
+        else:
+            now = os.nice(PRIORITY_NICE)
+            if sys.platform.startswith("linux"):  # nice is per thread there: the ones already running too
+                for task in os.listdir("/proc/self/task"):
+                    os.setpriority(os.PRIO_PROCESS, int(task), now)
+    except (OSError, AttributeError, ValueError) as e:
+        log.warning("could not lower the bridge's priority: %s", e)
+
+
 def build_registry(args: argparse.Namespace) -> EngineRegistry:
     """The engines ``add_engine_arguments``' options describe. A bad ``--script`` ends the
     process with one clear line on stderr (exit status 2)."""
+    lower_priority(getattr(args, "priority", "normal"))
     scripted = _scripted_engine(args.script)
     llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
     if args.model:

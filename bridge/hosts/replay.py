@@ -105,6 +105,7 @@ _FLAGS: Final = {
     "llama_threads": "--llama-threads",
     "llama_batch_threads": "--llama-batch-threads",
     "native_stream": "--native-stream",
+    "priority": "--priority",
     "openai_url": "--openai-url",
     "openai_model": "--openai-model",
     "openai_timeout": "--openai-timeout",
@@ -125,6 +126,7 @@ _ENV_OF_OPTIONS: Final = (
     "OAM_LLAMA_THREADS",
     "OAM_LLAMA_BATCH_THREADS",
     "OAM_NATIVE_STREAM",
+    "OAM_PRIORITY",
     "OAM_LLAMA_VERBOSE",
     "OAM_OPENAI_URL",
     "OAM_OPENAI_MODEL",
@@ -159,6 +161,7 @@ class _Options(msgspec.Struct):
     llama_threads: int | None = None
     llama_batch_threads: int | None = None
     native_stream: Literal["untooled", "never"] | None = None
+    priority: Literal["below", "normal"] | None = None
     openai_url: _Text | None = None
     openai_model: _Text | None = None
     openai_timeout: float | None = None

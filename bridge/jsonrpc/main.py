@@ -12,7 +12,7 @@ import trio
 
 from bridge._version import __version__
 from bridge.core._messages import Limits
-from bridge.hosts._common import add_engine_arguments, build_registry, leave
+from bridge.hosts._common import add_engine_arguments, build_registry, leave, lower_priority
 from bridge.hosts._log import configure as configure_log
 from bridge.hosts._stdio import ClaimedStdio, open_streams
 from bridge.jsonrpc._framing import DEFAULT_MAX_LINE_BYTES
@@ -167,6 +167,7 @@ async def _watch_parent(server: Server, parent: int, every_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # before anything else: see _watch_parent
     args = parse_args(argv)
+    lower_priority(args.priority)  # before any thread starts: they inherit it
     args.parent = parent
     args.argv = sys.argv[1:] if argv is None else argv
     configure_log(args.log_level)  # one line per record: what a message carries is escaped
