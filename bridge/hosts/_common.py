@@ -188,7 +188,6 @@ def lower_priority(priority: str) -> None:
 def build_registry(args: argparse.Namespace) -> EngineRegistry:
     """The engines ``add_engine_arguments``' options describe. A bad ``--script`` ends the
     process with one clear line on stderr (exit status 2)."""
-    lower_priority(getattr(args, "priority", "normal"))
     scripted = _scripted_engine(args.script)
     llama_kwargs: dict[str, object] = {"verbose": args.llama_verbose}
     if args.model:

@@ -63,7 +63,7 @@ from bridge.core import _messages as m
 from bridge.core._service import Service
 from bridge.engines import EngineRegistry
 from bridge.errors import BridgeError
-from bridge.hosts._common import add_engine_arguments, build_registry
+from bridge.hosts._common import add_engine_arguments, build_registry, lower_priority
 from bridge.hosts._log import configure as configure_log
 from bridge.hosts.http._plan import (
     ChatPlan,
@@ -890,6 +890,7 @@ async def serve(args: argparse.Namespace, task_status: trio.TaskStatus[list[str]
 def main(argv: list[str] | None = None) -> int:
     """``oam serve ARGS``: run the server until SIGINT or SIGTERM; 0 on a clean stop."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    lower_priority(args.priority)  # before any thread starts: they inherit it
     configure_log(args.log_level, "oam serve")
     try:
         trio.run(serve, args)

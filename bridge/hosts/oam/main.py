@@ -42,7 +42,7 @@ from bridge.core import _messages as m
 from bridge.core._service import Service
 from bridge.core.agent import check_schema
 from bridge.errors import EXIT_CODES, BridgeError
-from bridge.hosts._common import add_engine_arguments, build_registry
+from bridge.hosts._common import add_engine_arguments, build_registry, lower_priority
 from bridge.hosts._log import configure as configure_log
 from bridge.hosts._stdio import ClaimedStdio
 from bridge.hosts.oam._io import Prompter, TextOut, say
@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATED:
         return delegate(argv[0], argv[1:])
     args = parser().parse_args(argv)
+    lower_priority(getattr(args, "priority", "normal"))  # the commands that run a model: before any thread
     configure_log(args.log_level, "oam")
     if args.command == "models":  # no engine, no trio: stdout is plain fd 1
         _leave(_run_models(args))
