@@ -299,14 +299,9 @@ def main_clause(line: str) -> str | None:
 
 def line_span(line: str) -> str | None:
     """The span of the line a free string takes where the bridge routes (``semantic``): its
-    one quoted phrase, else its one noun phrase, else its main clause (``main_clause``)."""
-    quotes = list(dict.fromkeys(quoted(line)))
-    if quotes:
-        return quotes[0] if len(quotes) == 1 else None
-    phrases = list(dict.fromkeys(p.lower() for p in noun_phrases(line)))
-    if len(phrases) == 1:
-        return next(p for p in noun_phrases(line) if p.lower() == phrases[0])
-    return main_clause(line)
+    one quoted phrase, else its one noun phrase (``line_phrase``), else its main clause
+    (``main_clause``); None when it quotes several phrases."""
+    return line_phrase(line, name_like=True) or (None if quoted(line) else main_clause(line))
 
 
 NUMBER_WORDS = {
