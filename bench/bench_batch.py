@@ -31,15 +31,19 @@ from 5 repeats the bootstrap 90% interval of that median): the two sides of a re
 seconds apart, medians of each side minutes apart, and on a shared machine the speed moves
 in between (a repeat's ratio moved 0.7-1.5 on the 2-core VM).
 
-Threads, the same on both sides: the bridge's ``--llama-threads T`` decodes with T threads and
-reads prompts with every core; llama-server gets ``-t T -tb <cores>``. T defaults to
-cores - 1 (the bridge's default). "cores used" is the side's processes' CPU time over the
-round's wall time (the remote side: bridge plus server). Hazard: llama.cpp computes every
-batch of more than one token with the ``-tb`` threads (``llama_context::graph_compute``), so
-with several slots generating, llama-server decodes on every core, not T; ``--server-tb T``
-gives it the bridge's decode threads instead (and T threads for reading prompts). On a busy
-machine every-core decoding stalls whenever one core is taken (ggml's threads meet at a
-barrier on each op): compare the cores columns.
+Threads, the same on both sides: one NPC's token is decoded with T threads (the bridge's
+``--llama-threads T``, llama-server's ``-t T``; T defaults to cores - 1, the bridge's default)
+and prompt chunks and passes of several NPCs with B (``--llama-batch-threads B``, ``-tb B``;
+B defaults to every core, ``--server-tb`` sets it). llama.cpp computes every batch of more
+than one token with the batch threads (``llama_context::graph_compute``), so with several
+NPCs generating both sides decode on B cores. "cores used" is the side's processes' CPU time
+over the round's wall time (the remote side: bridge plus server). On a busy machine
+every-core decoding stalls whenever one core is taken (ggml's threads meet at a barrier on
+each op): compare the cores columns.
+
+``--places P``: P NPCs decode together (the bridge's ``--llama-parallel P``, llama-server's
+``-np P``); the others wait for a place, as 32 NPCs on 8 places. ``--no-remote`` leaves out
+the openai engine's side.
 
 llama-server is a measuring stick, not a dependency: built once (a few minutes on 2 cores)
 into ``$XDG_CACHE_HOME/oam-bridge/llama-server-<version>/`` (default ``~/.cache``) and
@@ -47,7 +51,8 @@ reused. Building needs cmake and a C++ compiler (``apt-get install -y cmake g++`
 access to PyPI for the sdist. This bench is not part of ``make test``.
 
 Usage: python bench/bench_batch.py [--n 1,4,8] [--tokens 64] [--repeat 3] [--threads T]
-       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--quick] [--lore]
+       [--ctx 2048] [--baseline REV] [--server-tokens bridge|full] [--server-tb N] [--places P]
+       [--no-remote] [--quick] [--lore]
 
 ``--lore``: every NPC's instructions start with the same ~250 tokens of town lore (the
 game's world, as a town's NPCs share it). The bridge reads it once per round and the other
@@ -175,14 +180,21 @@ def cache_root() -> str:
 def llama_server_binary() -> tuple[str, str]:
     """(path, llama-cpp-python version) of llama-server built from the llama.cpp vendored in
     the installed llama-cpp-python's sdist, into ``<cache>/llama-server-<version>/`` once."""
+    return llama_cpp_tool("llama-server")
+
+
+def llama_cpp_tool(target: str) -> tuple[str, str]:
+    """(path, llama-cpp-python version) of one of llama.cpp's own programs (``llama-server``,
+    ``llama-bench``), built from the llama.cpp vendored in the installed llama-cpp-python's
+    sdist into ``<cache>/llama-server-<version>/build/bin`` once."""
     version = importlib.metadata.version("llama-cpp-python")
     home = os.path.join(cache_root(), f"llama-server-{version}")
     build = os.path.join(home, "build")
-    binary = os.path.join(build, "bin", "llama-server")
+    binary = os.path.join(build, "bin", target)
     if os.path.exists(binary):
         return binary, version
     if shutil.which("cmake") is None:
-        raise SystemExit("bench_batch: cmake is needed to build llama-server once (apt-get install -y cmake)")
+        raise SystemExit(f"bench: cmake is needed to build {target} once (apt-get install -y cmake)")
     os.makedirs(home, exist_ok=True)
     src = os.path.join(home, "src")
     if not os.path.isdir(os.path.join(src, "vendor", "llama.cpp")):
@@ -211,7 +223,7 @@ def llama_server_binary() -> tuple[str, str]:
             shutil.rmtree(src, ignore_errors=True)
             os.rename(os.path.join(dl, top), src)
     t0 = time.monotonic()
-    print("building llama-server (a few minutes on 2 cores)", flush=True)
+    print(f"building {target} (a few minutes on 2 cores)", flush=True)
     subprocess.run(
         [
             "cmake",
@@ -228,11 +240,11 @@ def llama_server_binary() -> tuple[str, str]:
         stdout=subprocess.DEVNULL,
     )
     subprocess.run(
-        ["cmake", "--build", build, "--target", "llama-server", f"-j{os.cpu_count() or 2}"],
+        ["cmake", "--build", build, "--target", target, f"-j{os.cpu_count() or 2}"],
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    print(f"built llama-server in {time.monotonic() - t0:.0f} s", flush=True)
+    print(f"built {target} in {time.monotonic() - t0:.0f} s", flush=True)
     return binary, version
 
 
@@ -576,7 +588,7 @@ def paired(a: Side, b: Side, f: Any) -> str:
 
 
 def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
-    b, s, r, old = sides["bridge"], sides["server"], sides["remote"], sides.get("baseline")
+    b, s, r, old = sides["bridge"], sides["server"], sides.get("remote"), sides.get("baseline")
     tok = lambda x: x.med(lambda q: q.tok_s)  # noqa: E731
     worst = lambda x: x.med(lambda q: max(q.ttft))  # noqa: E731
     first = lambda x: x.med(lambda q: min(q.ttft))  # noqa: E731
@@ -602,10 +614,11 @@ def report(n: int, sides: dict[str, Side], goal_tok: bool) -> None:
                 f"first NPC's TTFT {paired(b, old, lambda q: min(q.ttft))}, "
                 f"worst TTFT {paired(b, old, lambda q: max(q.ttft))}"
             )
-    print(
-        f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
-        f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms"
-    )
+    if r is not None:
+        print(
+            f"  remote engine's added TTFT over llama-server direct: p50 {1e3 * (p50(r) - p50(s)):+.0f} ms, "
+            f"first {1e3 * (first(r) - first(s)):+.0f} ms, worst {1e3 * (worst(r) - worst(s)):+.0f} ms"
+        )
 
 
 def main() -> None:
@@ -628,8 +641,16 @@ def main() -> None:
         "--server-tb",
         type=int,
         default=0,
-        help="llama-server's -tb: prompts and batches of several NPCs (default: every core)",
+        help="threads for prompts and batches of several NPCs, both sides (-tb, --llama-batch-threads; "
+        "default: every core)",
     )
+    ap.add_argument(
+        "--places",
+        type=int,
+        default=0,
+        help="NPCs decoding together: the bridge's --llama-parallel, llama-server's -np (default N; more NPCs wait)",
+    )
+    ap.add_argument("--no-remote", action="store_true", help="leave out the openai engine's side")
     ap.add_argument("--quick", action="store_true", help="N = 1 and 4, one round each")
     ap.add_argument(
         "--lore",
@@ -653,7 +674,7 @@ def main() -> None:
     print(
         f"model {os.path.basename(model)}; llama-server from llama-cpp-python {version}'s llama.cpp; "
         f"{cores} cores; decode threads {threads} (bridge --llama-threads {threads}, llama-server -t {threads}), "
-        f"prompt threads {cores} (bridge: all cores), llama-server -tb {server_tb} (prompts and multi-NPC batches); "
+        f"prompt and multi-NPC batch threads {server_tb} (bridge --llama-batch-threads, llama-server -tb); "
         f"context {args.ctx} per NPC; "
         f"greedy, maxTokens {args.tokens}; llama-server and remote asked for "
         f"{'the bridge NPC by NPC' if args.server_tokens == 'bridge' else 'maxTokens'} tokens (--ignore-eos); "
@@ -662,27 +683,32 @@ def main() -> None:
     )
 
     worktree = None
-    bridges = {"bridge": Bridge(["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)])}
+    llama = ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)]
+    llama += ["--llama-batch-threads", str(server_tb)]
+    if args.places:
+        llama += ["--llama-parallel", str(args.places)]
+        print(f"{args.places} places: the bridge's --llama-parallel, llama-server's -np (at most N)", flush=True)
+    bridges = {"bridge": Bridge(llama)}
     try:
         if args.baseline:
             worktree = add_worktree(args.baseline)
-            bridges["baseline"] = Bridge(
-                ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)], root=worktree
-            )
+            bridges["baseline"] = Bridge(llama, root=worktree)
         for b in bridges.values():
             b.warm("llama")
         rnd = 0
         for n in ns:
-            server = LlamaServer(binary, model, n, args.ctx, threads, server_tb)
-            remote = Bridge(["--engine", "openai", "--openai-url", f"{server.url}/v1"])
+            server = LlamaServer(binary, model, min(n, args.places or n), args.ctx, threads, server_tb)
+            remote = None if args.no_remote else Bridge(["--engine", "openai", "--openai-url", f"{server.url}/v1"])
             try:
                 trio.run(server_warm, server)
-                remote.warm("openai")
+                if remote is not None:
+                    remote.warm("openai")
                 sides = {"bridge": Side("bridge (llama engine)")}
                 if "baseline" in bridges:
                     sides["baseline"] = Side(f"bridge @{args.baseline[:12]} (llama)")
                 sides["server"] = Side("llama-server direct")
-                sides["remote"] = Side("bridge openai -> llama-server")
+                if remote is not None:
+                    sides["remote"] = Side("bridge openai -> llama-server")
                 for _ in range(args.repeat):
                     rnd += 1
                     a = bridges["bridge"].round("llama", rnd, [args.tokens] * n)
@@ -692,10 +718,12 @@ def main() -> None:
                     budgets = [max(1, t) for t in a.tokens] if args.server_tokens == "bridge" else [args.tokens] * n
                     # new round numbers: the remote side's prompts must not be in llama-server's slots already
                     sides["server"].rounds.append(trio.run(server_round, server, rnd + 1, budgets))
-                    sides["remote"].rounds.append(remote.round("openai", rnd + 2, budgets, [server.p.pid]))
+                    if remote is not None:
+                        sides["remote"].rounds.append(remote.round("openai", rnd + 2, budgets, [server.p.pid]))
                     rnd += 2
             finally:
-                remote.close()
+                if remote is not None:
+                    remote.close()
                 server.close()
             print(
                 f"\nN = {n} NPCs at once (seconds; tok/s = all output tokens / wall; out = output tokens, "

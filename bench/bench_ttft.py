@@ -71,13 +71,15 @@ def main() -> None:
     binary, version = bb.llama_server_binary()
     print(
         f"N = {n} NPCs at once, {args.rounds} rounds a side, order alternated; llama-server from llama-cpp-python "
-        f"{version}'s llama.cpp, -np {n} -cb -t {threads} -tb {cores}; bridge --llama-threads {threads}; "
+        f"{version}'s llama.cpp, -np {n} -cb -t {threads} -tb {cores}; bridge --llama-threads {threads} "
+        f"--llama-batch-threads {cores}; "
         f"context {args.ctx} per NPC; greedy",
         flush=True,
     )
     trace = tempfile.NamedTemporaryFile(prefix="oam-ttft-", suffix=".log", delete=False).name
     bridge = bb.Bridge(
-        ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)],
+        ["--engine", "llama", "--llama-ctx", str(args.ctx), "--llama-threads", str(threads)]
+        + ["--llama-batch-threads", str(cores)],
         launcher=[bb.PY, os.path.abspath(__file__), "--as-bridge", trace],
     )
     server = bb.LlamaServer(binary, default_model_path(), n, args.ctx, threads, cores)
