@@ -271,7 +271,7 @@ class AsyncService:
     async def decide(self, p: m.DecideParams) -> m.RespondResult:
         return await self._await(self.service.decide, p)
 
-    async def prewarm(self, p: m.NpcRef) -> m.RespondResult:
+    async def prewarm(self, p: m.PrewarmParams) -> m.RespondResult:
         return await self._call(self.service.prewarm, p)
 
     async def set_tags(self, p: m.SetTagsParams) -> m.EmptyResult:

@@ -92,7 +92,7 @@ class NpcConfig(_Params, frozen=True):
     persona: Persona | None = None
     tools: list[ToolSpec] = []
     engine: str = "auto"
-    model: str | None = None  # llama engine: a GGUF file for this NPC (default: the bridge's)
+    model: str | None = None  # llama: a GGUF file for this NPC (default: the bridge's); native: an Apple adapter
     options: GenerationOptions = GenerationOptions()
     tags: tuple[str, ...] = ()  # a tuple: the default is shared, not a list per NPC
     fallbacks: Fallbacks | None = None
@@ -133,6 +133,14 @@ class SubmitParams(_Params, frozen=True):
 
 class NpcRef(_Params, frozen=True):
     npc_id: str
+
+
+class PrewarmParams(_Params, frozen=True):
+    npc_id: str
+    # who will speak to the NPC next (as npc/respond's speaker; None: the player) and how their
+    # line starts, when the game knows: the engine prepares that lead-in too (``Bram: ``)
+    speaker: str | None = None
+    prompt_prefix: str = ""
 
 
 class Save(_Params, frozen=True):

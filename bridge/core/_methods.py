@@ -100,7 +100,7 @@ _RECORDS: Final[tuple[Method[Any, Any], ...]] = (
     Method("tokens/count", m.CountTokensParams, m.CountTokensResult, Service.count_tokens, may_wait=True),
     Method("engine/status", m.EmptyParams, m.EngineStatusResult, _engine_status),
     Method("npc/decide", m.DecideParams, m.RespondResult, Service.decide, may_wait=True),
-    Method("npc/prewarm", m.NpcRef, m.RespondResult, Service.prewarm),
+    Method("npc/prewarm", m.PrewarmParams, m.RespondResult, Service.prewarm),
     Method("npc/setTags", m.SetTagsParams, m.EmptyResult, Service.set_tags),
     Method("world/set", m.WorldSetParams, m.WorldRevision, Service.world_set),
     Method("world/delete", m.WorldKey, m.WorldDeleteResult, Service.world_delete),

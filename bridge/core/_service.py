@@ -224,8 +224,8 @@ class Service:
     async def _engine_for(self, config: m.NpcConfig) -> tuple[str, Engine]:
         """The engine ``config`` names, started off the loop if it is not running yet."""
         name = self.registry.resolve(config.engine)
-        if config.model is not None and name != "llama":
-            raise BridgeError("invalid_params", f"model is only for the llama engine, not {name!r}")
+        if config.model is not None and name not in ("llama", "native"):
+            raise BridgeError("invalid_params", f"model is for the llama and native engines, not {name!r}")
         if self.registry.started(name, config.model):
             return name, self.registry.get(name, model=config.model)
         engine = await trio.to_thread.run_sync(self.registry.get, name, config.model, abandon_on_cancel=True)
@@ -367,10 +367,11 @@ class Service:
         turn = self.npc(p.npc_id).enqueue(params, "decide", None, remember=p.remember)
         return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
 
-    def prewarm(self, p: m.NpcRef) -> m.RespondResult:
+    def prewarm(self, p: m.PrewarmParams) -> m.RespondResult:
         self._check_open()
-        params = m.RespondParams(npc_id=p.npc_id, prompt="")
-        turn = self.npc(p.npc_id).enqueue(params, "prewarm", None, remember=False)
+        # the prompt is the next line's start, never a line: no argument is taken from it
+        params = m.RespondParams(npc_id=p.npc_id, prompt=p.prompt_prefix, speaker=p.speaker, pin_arguments=False)
+        turn = self.npc(p.npc_id).enqueue(params, "prewarm", self._speaker_name(p.speaker), remember=False)
         return m.RespondResult(npc_id=p.npc_id, turn_id=turn.id)
 
     def set_tags(self, p: m.SetTagsParams) -> m.EmptyResult:

@@ -33,12 +33,17 @@ def _model_file(model: str) -> str:
     return resolve_model(model)
 
 
-def _unusable_model(model: str) -> BridgeError:
+def _unusable_model(model: str, engine: str = "llama", why: str = "") -> BridgeError:
+    """The one error for a model file the game named that its engine cannot use; ``why``: the
+    native library's own reason (Apple's adapter loader names what is wrong with the file)."""
+    if engine == "native":
+        what = f"model {model!r} ({os.path.abspath(model)}) is not an Apple adapter file the native engine can load"
+    else:
+        what = f"model {model!r} ({os.path.abspath(_model_file(model))}) is not a GGUF file the llama engine can load"
     return BridgeError(
         "model_unavailable",
-        f"model {model!r} ({os.path.abspath(_model_file(model))}) is not a GGUF file the llama engine can load "
-        "(a relative path is relative to the bridge's working directory)",
-        engine="llama",
+        f"{what} (a relative path is relative to the bridge's working directory){': ' + why if why else ''}",
+        engine=engine,
         model=model,
     )
 
@@ -110,10 +115,13 @@ class EngineRegistry:
         name = self.resolve(name)
         key = name
         kwargs = dict(self._kwargs.get(name, {}))
-        if model is not None and name == "llama":  # only the llama engine takes a model file
+        if model is not None and name == "llama":  # a GGUF file
             path = os.path.realpath(_model_file(model))
             if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
                 key, kwargs["model_path"] = f"{name}@{path}", path
+        elif model is not None and name == "native":  # an Apple adapter file (.fmadapter)
+            path = os.path.realpath(model)
+            key, kwargs["adapter"] = f"{name}@{path}", path
         return name, key, kwargs
 
     def started(self, name: str, model: str | None = None) -> bool:
@@ -122,8 +130,9 @@ class EngineRegistry:
 
     def get(self, name: str, model: str | None = None) -> Engine:
         """The engine ``name`` resolves to, started on first use. ``model``: the llama engine
-        on another GGUF file (one loaded model per file, shared by the NPCs that name it); a
-        relative path is relative to the bridge's working directory."""
+        on another GGUF file (one loaded model per file, shared by the NPCs that name it), or
+        the native engine on an Apple adapter file (one engine per file); a relative path is
+        relative to the bridge's working directory."""
         name, key, kwargs = self._key(name, model)
         eng = self._engines.get(key)
         if eng is not None:
@@ -139,11 +148,13 @@ class EngineRegistry:
         eng = self._engines.get(key)
         if eng is not None:  # the preload thread finished while we waited
             return eng
-        if named is not None:
+        if named is not None and name == "llama":
             from bridge.engines.llama import model_file_problem
 
             if model_file_problem(kwargs["model_path"]) is not None:
                 raise _unusable_model(named)
+        if named is not None and name == "native" and not os.path.exists(kwargs["adapter"]):
+            raise _unusable_model(named, name)
         ok, reason = self._availability(name, kwargs.get("model_path"))
         if not ok:
             raise BridgeError("model_unavailable", f"engine {name!r} is unavailable: {reason}", engine=name)
@@ -157,7 +168,7 @@ class EngineRegistry:
             log.warning("engine %s failed to start: %s", key, e)
             log.debug("engine %s failed to start", key, exc_info=True)
             if named is not None:
-                raise _unusable_model(named) from None
+                raise _unusable_model(named, name, str(e) if name == "native" else "") from None
             raise BridgeError("model_unavailable", f"engine {name!r} failed to start: {e}", engine=name) from None
         self._engines[key] = started
         return started

@@ -111,6 +111,9 @@ class StepRequest(msgspec.Struct, frozen=True):
     # A sentence of the NPC's lore that answers the player's line (``_routing.lore_lead``): an
     # engine that keeps a small model grounded opens the spoken line with it (the llama engine).
     lead: str | None = None
+    # ``npc/prewarm`` only: how the NPC's next prompt starts, as the model reads it (``Bram: ``
+    # for a line that speaker will say); an engine that prepares the prompt prepares this too.
+    prompt_prefix: str = ""
 
 
 class TextChunk(msgspec.Struct, frozen=True):

@@ -298,6 +298,8 @@ def _request_json(request: StepRequest, prewarm: bool = False) -> bytes:
     }
     if prewarm:
         body["prewarm"] = True
+        if request.prompt_prefix:
+            body["promptPrefix"] = request.prompt_prefix
     return _enc.encode(body)
 
 

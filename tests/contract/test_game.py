@@ -390,6 +390,25 @@ async def test_prewarm_is_a_turn_that_changes_nothing(any_client: Client) -> Non
     assert e.value.code == "unknown_npc"
 
 
+@req("G-PREWARM-2")
+async def test_a_prewarm_for_a_speaker_says_who_and_how_the_line_starts(any_client: Client) -> None:
+    c = any_client
+    await create(c, script=[{"text": "Aye."}])
+    await create(c, "keeper", persona={"name": "Greta"})
+    r = await c.call("npc/prewarm", {"npcId": "guard", "speaker": "keeper", "promptPrefix": "Storm"})
+    done = await c.wait_terminal(r["turnId"])
+    assert done["params"]["finishReason"] == "prewarmed"
+    started = c.turn_events(r["turnId"])[0]["params"]
+    assert (started["kind"], started["speaker"], started["prompt"]) == ("prewarm", "Greta", "Storm")
+    assert await transcript_turns(c, "guard") == []
+    for bad in ({"speaker": 5}, {"promptPrefix": ["x"]}, {"prefix": "x"}):
+        with pytest.raises(RpcError) as e:
+            await c.call("npc/prewarm", {"npcId": "guard", **bad})
+        assert e.value.code == "invalid_params", bad
+    _, done = await c.turn("guard", "Storm coming?", speaker="keeper")
+    assert done["params"]["text"] == "Aye.", "a prewarm plays no script step"
+
+
 @req("G-SPEAKER-1")
 async def test_another_npc_speaks_a_prompt_and_the_transcript_keeps_its_name(any_client: Client) -> None:
     c = any_client

@@ -219,6 +219,22 @@ async def test_a_prewarm_on_a_first_turn_leaves_only_the_players_line_to_read(en
 
 
 @pytest.mark.trio
+async def test_a_prewarm_with_the_speakers_lead_in_leaves_only_the_rest_of_the_line(engine):
+    """npc/prewarm with a speaker: the lead-in the model will read (``Brom: ``) is read too, so
+    the turn that follows reads only the words after it."""
+    import msgspec
+
+    instructions = KEEPER + " The well in the yard is dry."
+    with trio.fail_after(120):
+        plain = await engine.prewarm(keeper("pw-lead-plain", [], instructions=instructions))
+        lead = msgspec.structs.replace(keeper("pw-lead", [], instructions=instructions), prompt_prefix="Brom: ")
+        led = await engine.prewarm(lead)
+        out = await collect(engine, keeper("pw-lead", [Message("user", "Hello?", name="Brom")], instructions))
+    assert led.input_tokens > plain.input_tokens, "the speaker's name and colon are read"
+    assert out[-1].usage.cached_tokens >= led.input_tokens - 1, (out[-1].usage, led)
+
+
+@pytest.mark.trio
 async def test_a_prewarm_is_cancelled_like_a_step(engine):
     long = KEEPER + " The regulars tell long stories about the old war." * 60
     with trio.fail_after(120):

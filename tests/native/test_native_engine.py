@@ -476,7 +476,7 @@ async def test_a_prewarm_generates_nothing_and_consumes_no_script_step():
     e = native.NativeEngine(script=[{"text": "first"}, {"text": "second"}])
     with trio.fail_after(10):
         usage = await e.prewarm(history_request())
-        assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (0, 0, 0)
+        assert usage.input_tokens > 0 and (usage.output_tokens, usage.cached_tokens) == (0, 0)
         assert "".join(c.delta for c in await collect(e, req()) if isinstance(c, TextChunk)) == "first"
         # a history that ends with the NPC's own line, as after a turn
         await e.prewarm(history_request(messages=[Message("user", "hi"), Message("assistant", "first")]))
@@ -490,6 +490,61 @@ async def test_a_prewarm_generates_nothing_and_consumes_no_script_step():
     with pytest.raises(BridgeError) as err:
         await e.prewarm(history_request())
     assert err.value.code == "model_unavailable"
+
+
+@pytest.mark.trio
+async def test_a_prewarm_with_the_next_lines_lead_in_prepares_it_too():
+    """npc/prewarm's speaker / promptPrefix reach the library as the request's promptPrefix
+    (the Apple backend's prewarm(promptPrefix:)); the scripted backend counts it in what the
+    prewarm prepared, and refuses one that is not a string."""
+    import json
+
+    import msgspec
+
+    from bridge.engines.native import _request_json
+
+    led = msgspec.structs.replace(history_request(), prompt_prefix="Bram: ")
+    assert json.loads(_request_json(led, prewarm=True))["promptPrefix"] == "Bram: "
+    assert "promptPrefix" not in json.loads(_request_json(history_request(), prewarm=True))
+    assert "promptPrefix" not in json.loads(_request_json(led)), "a step's prompt is its line"
+    e = native.NativeEngine()
+    with trio.fail_after(10):
+        plain = await e.prewarm(history_request())
+        more = await e.prewarm(led)
+    assert more.input_tokens > plain.input_tokens > 0
+    body = json.loads(_request_json(history_request(), prewarm=True))
+    body["promptPrefix"] = 5
+    err = e._ffi.new("char **")
+    assert e._lib.oam_step_start(e._h, json.dumps(body).encode(), err) == e._ffi.NULL
+    assert json.loads(e._ffi.string(err[0]))["code"] == "invalid_request"
+    e._lib.oam_string_free(err[0])
+    await e.aclose()
+
+
+def test_an_apple_adapter_file_is_the_native_engines_model(tmp_path, monkeypatch):
+    """npc/create's model on the native engine: an adapter file, one engine per file (the
+    library's config "adapter"); a missing one is model_unavailable naming the file as given."""
+    from bridge.engines import EngineRegistry
+
+    monkeypatch.chdir(tmp_path)
+    reg = EngineRegistry()
+    with pytest.raises(BridgeError) as e:
+        reg.get("native", "missing.fmadapter")
+    assert e.value.code == "model_unavailable" and e.value.data["model"] == "missing.fmadapter"
+    assert str(tmp_path / "missing.fmadapter") in e.value.message and "adapter" in e.value.message
+    (tmp_path / "guard.fmadapter").mkdir()  # Apple's adapters are packages (folders)
+    eng = reg.get("native", "guard.fmadapter")
+    assert isinstance(eng, native.NativeEngine)
+    assert eng is reg.get("native", str(tmp_path / "guard.fmadapter")), "one engine per file"
+    assert eng is not reg.get("native"), "the system model's engine is another"
+    assert eng._info["adapter"] == os.path.realpath(tmp_path / "guard.fmadapter")
+    assert reg.get("native")._info["adapter"] is None
+
+
+def test_the_library_refuses_an_adapter_that_is_not_there():
+    with pytest.raises(BridgeError) as e:
+        native.NativeEngine(adapter="/nonexistent/guard.fmadapter")
+    assert e.value.code == "model_unavailable" and "/nonexistent/guard.fmadapter" in e.value.message
 
 
 def test_a_decision_schema_crosses_the_abi_with_each_alternatives_order():
@@ -534,3 +589,25 @@ def test_the_languages_the_model_speaks_reach_engine_info():
     with pytest.raises(BridgeError) as e:
         native.NativeEngine(languages="en")
     assert e.value.code == "invalid_request"
+
+
+@pytest.mark.trio
+async def test_npc_create_takes_an_adapter_on_the_native_engine_only(tmp_path):
+    """Through the real bridge: npc/create's ``model`` on the native engine is an adapter file;
+    NPCs on one file share its engine, a missing file is model_unavailable with data.model, and
+    the scripted engine refuses ``model`` by name."""
+    from tests.support.harness import RpcError, initialized_bridge
+
+    adapter = tmp_path / "guard.fmadapter"
+    adapter.mkdir()
+    async with initialized_bridge() as p:
+        for npc in ("a", "b"):
+            await p.call("npc/create", {"npcId": npc, "engine": "native", "model": str(adapter)})
+            _, done = await p.turn(npc, "hi")
+            assert done["params"]["text"] == "You said: hi"
+        with pytest.raises(RpcError) as e:
+            await p.call("npc/create", {"npcId": "c", "engine": "native", "model": str(tmp_path / "gone.fmadapter")})
+        assert e.value.code == "model_unavailable" and e.value.data["model"] == str(tmp_path / "gone.fmadapter")
+        with pytest.raises(RpcError) as e:
+            await p.call("npc/create", {"npcId": "d", "engine": "scripted", "model": str(adapter)})
+        assert e.value.code == "invalid_params" and "llama and native" in str(e.value)

@@ -156,6 +156,44 @@ async def test_prewarm_benefit() -> None:
     print(f"prewarm: first chunk cold {cold:.2f} s, after npc/prewarm {warm:.2f} s")
 
 
+async def test_prewarm_with_the_speakers_lead_in() -> None:
+    """UNVERIFIED(14): npc/prewarm with a speaker passes its lead-in (``Bram: ``) to
+    prewarm(promptPrefix:); the first chunk after it, beside one after a plain prewarm."""
+    import msgspec
+
+    e = engine(prewarm=False)
+    history = [Message("user", "Hello."), Message("assistant", "Welcome, traveller.")]
+    nxt = Message("user", "Any rooms free tonight?", name="Bram")
+    times = {}
+    for npc, prefix in (("plain", ""), ("led", "Bram: ")):
+        await e.prewarm(msgspec.structs.replace(req(history, npc=npc), prompt_prefix=prefix))
+        await trio.sleep(2)
+        _, _, _, times[npc] = await run(e, req(history + [nxt], npc=npc))
+    print(f"prewarm: first chunk after a plain prewarm {times['plain']:.2f} s, with the lead-in {times['led']:.2f} s")
+
+
+async def test_an_adapter_file() -> None:
+    """UNVERIFIED(13): an Apple adapter (set OAM_LIVE_ADAPTER to a .fmadapter built for this
+    system model) answers a text step; a missing file is model_unavailable."""
+    from bridge.engines import native
+
+    engine()  # skips where Apple's model is not here
+    with pytest.raises(BridgeError) as err:
+        native.NativeEngine(backend="apple", adapter="/nonexistent/npc.fmadapter")
+    assert err.value.code == "model_unavailable"
+    path = os.environ.get("OAM_LIVE_ADAPTER")
+    if not path:
+        pytest.skip("set OAM_LIVE_ADAPTER to an adapter file to run it")
+    try:
+        e = native.NativeEngine(backend="apple", adapter=path)
+    except BridgeError as err2:
+        print(f"adapter {path}: {err2.code}: {err2.message}")
+        raise
+    text, _, done, first = await run(e, req([Message("user", "Good evening.")], mode="disallowed"))
+    print(f"adapter {path}: {text!r} ({done.finish_reason}, first chunk {first:.2f} s)")
+    assert text
+
+
 async def test_two_npcs_at_once_busy_for_one_and_cancel_then_the_engine_serves_again() -> None:
     """Two NPCs' steps run together (issue 34: the second failed busy); a second step of the
     same NPC is busy; a cancelled step does not stall the NPC's next one."""

@@ -46,7 +46,8 @@ BRIDGE_API = {
 PARAMS = {
     "ClientInfo", "CountTokensParams", "DecideParams", "DecisionOption", "EmptyParams", "Fallbacks",
     "GenerationOptions", "GuardrailPolicy", "InitializeParams", "Message", "NamedTool", "NpcConfig", "NpcRef",
-    "Persona", "RespondParams", "RestoreParams", "RoutingPolicy", "Save", "SetTagsParams", "SubmitParams",
+    "Persona", "PrewarmParams", "RespondParams", "RestoreParams", "RoutingPolicy", "Save", "SetTagsParams",
+    "SubmitParams",
     "ToolCall", "ToolChoice", "ToolSpec", "WorldGetParams", "WorldKey", "WorldSetParams",
 }  # fmt: skip
 RESULTS = {

@@ -41,7 +41,7 @@ async def prewarm_request(routing: m.RoutingPolicy) -> StepRequest:
         async with Service.running(EngineRegistry(default="scripted", scripted=engine)) as svc:
             svc.world_set(m.WorldSetParams(key="the old mill", value="It burned down.", lore=True))
             await svc.create(m.NpcConfig(npc_id="miller", tools=[INVENTORY], routing=routing, script=[]))
-            turn = svc.prewarm(m.NpcRef(npc_id="miller"))
+            turn = svc.prewarm(m.PrewarmParams(npc_id="miller"))
             async for ev in svc.events(turn.turn_id):
                 assert not isinstance(ev, m.TurnFailed), ev
     [request] = engine.prewarmed

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import msgspec
 import trio
 
 from bridge.core import _messages as m
@@ -69,6 +70,7 @@ from bridge.engines.base import (
     ToolCallsChunk,
     ToolSpec,
     Usage,
+    user_text,
     weak_tool_choice,
 )
 from bridge.errors import BridgeError
@@ -513,6 +515,9 @@ async def _prewarm(npc: Npc, turn: Turn) -> None:
     if _policy(npc, turn.params) == "semantic":
         progress.routing = m.RoutingInfo(policy="semantic")
     req, _, _ = await _request(npc, turn.params, progress, view)
+    if turn.params.prompt or turn.speaker:  # the next line's lead-in, as the model will read it
+        lead = user_text(Message(role="user", content=turn.params.prompt, name=turn.speaker))
+        req = msgspec.structs.replace(req, prompt_prefix=lead)
     usage = await npc.engine.prewarm(req) if isinstance(npc.engine, Prewarmable) else Usage()
     await trio.lowlevel.checkpoint_if_cancelled()
     turn.put_completed(TurnProgress([], usage=usage), "", None, "prewarmed", view.revision)

@@ -449,15 +449,19 @@ class PromptRenderer:
         tools: list[ToolSpec],
         tool_mode: str = "allowed",
         schema: dict[str, Any] | None = None,
+        lead: str = "",
     ) -> str:
         """The start of the prompt of the step that follows ``messages`` (the history) with a
         new line, whatever that line will be (``npc/prewarm``): the step rendered with two
         different lines, up to where they part. Found this way, not by rendering the history
         alone, it holds for any chat template, and it leaves out what only the history's last
-        turn shows (its tool results as facts), as the next step does."""
-        a = self.render(instructions, [*messages, Message("user", "A")], tools, tool_mode, schema)
-        b = self.render(instructions, [*messages, Message("user", "B")], tools, tool_mode, schema)
-        return os.path.commonprefix([a, b])
+        turn shows (its tool results as facts), as the next step does. ``lead``: how the new
+        line starts, when known (``Bram: ``): the start goes on to its end, but for trailing
+        spaces (a tokenizer joins a space to the word after it)."""
+        a = self.render(instructions, [*messages, Message("user", lead + "A")], tools, tool_mode, schema)
+        b = self.render(instructions, [*messages, Message("user", lead + "B")], tools, tool_mode, schema)
+        start = os.path.commonprefix([a, b])
+        return start.rstrip(" ") if lead else start
 
     def render(
         self,

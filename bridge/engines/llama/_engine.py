@@ -362,7 +362,12 @@ class LlamaEngine:
 
         def job(stop: threading.Event, emit: Emit) -> None:
             prompt = self._renderer.render_prefix(
-                request.instructions, request.messages, request.tools, request.tool_mode, request.schema
+                request.instructions,
+                request.messages,
+                request.tools,
+                request.tool_mode,
+                request.schema,
+                request.prompt_prefix,
             )
             usage = self._gen.prewarm(request.npc_id, self._tokens(prompt), stop)
             if usage is not None:

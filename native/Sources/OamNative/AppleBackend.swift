@@ -30,15 +30,29 @@ final class AppleBackend: Backend, @unchecked Sendable {
 
     init(config: JSON) throws {
         let g = config["guardrails"]?.string ?? "default"
-        let m: SystemLanguageModel
+        let guard_: SystemLanguageModel.Guardrails
         switch g {
         case "default":
-            m = SystemLanguageModel(useCase: .general, guardrails: .default)
+            guard_ = .default
         case "permissive":
             // Apple documents that permissive guardrails do not apply to guided (schema) generation.
-            m = SystemLanguageModel(useCase: .general, guardrails: .permissiveContentTransformations)
+            guard_ = .permissiveContentTransformations
         default:
             throw OamError("invalid_request", "guardrails must be \"default\" or \"permissive\", got \(g)")
+        }
+        let m: SystemLanguageModel
+        if let path = try adapterPath(config) {
+            // npc/create's `model` on the native engine: a fine-tuned adapter for the system
+            // model (Apple's adapter training toolkit writes the .fmadapter file).
+            // UNVERIFIED(13): loading a real adapter file; its errors are Adapter.AssetError.
+            do {
+                let adapter = try SystemLanguageModel.Adapter(fileURL: URL(fileURLWithPath: path))
+                m = SystemLanguageModel(adapter: adapter, guardrails: guard_)
+            } catch {
+                throw OamError("model_unavailable", "adapter \(path) did not load: \(PlanErrorNames.caseLabel(error) ?? "error"): \(error.localizedDescription)")
+            }
+        } else {
+            m = SystemLanguageModel(useCase: .general, guardrails: guard_)
         }
         model = m
         guardrails = g
@@ -260,7 +274,10 @@ final class AppleBackend: Backend, @unchecked Sendable {
         let built = try AppleMapping.session(plan, slot: slot)             // invalid_schema (tool parameters)
         let session = LanguageModelSession(model: model, tools: built.tools,
                                            transcript: Transcript(entries: built.entries))
-        session.prewarm(promptPrefix: nil)   // UNVERIFIED(10): the NPC's next step takes this session over
+        // the start of the NPC's next prompt when the host knows it (npc/prewarm's speaker:
+        // `Bram: `); UNVERIFIED(10): the NPC's next step takes this session over
+        let prefix = try promptPrefix(request)   // invalid_request
+        session.prewarm(promptPrefix: prefix.map { Prompt($0) })
         let npc = request["npcId"]?.string ?? ""
         lock.lock()
         warmed.removeAll { $0.npc == npc }

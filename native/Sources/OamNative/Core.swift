@@ -36,15 +36,18 @@ protocol Backend: AnyObject, Sendable {
     /// returning: the events wait in the step's queue for the first pull.
     func start(_ request: JSON, step: StepState) throws
     /// A prewarm request (`"prewarm": true`, the host's `npc/prewarm`): prepares the step
-    /// these messages lead to (the history; the new prompt is not known yet) and generates
-    /// nothing; ends `step` with a done event. Same threading rules as `start`. The default
-    /// does nothing (the scripted backend: no script step is consumed).
+    /// these messages lead to (the history, and the start of the new prompt when the host
+    /// knows it: `promptPrefix`) and generates nothing; ends `step` with a done event. Same
+    /// threading rules as `start`. The default checks the request and does nothing else (the
+    /// scripted backend: no script step is consumed); its done event counts what a prewarm
+    /// would prepare, as `estimateRequestTokens` estimates it.
     func prewarm(_ request: JSON, step: StepState) throws
 }
 
 extension Backend {
     func prewarm(_ request: JSON, step: StepState) throws {
-        step.finish(prewarmedEvent(warnings: []))
+        _ = try promptPrefix(request)   // invalid_request
+        step.finish(prewarmedEvent(warnings: [], inputTokens: estimateRequestTokens(request)))
     }
 
     /// oam_step_start: a prewarm request goes to `prewarm`, any other to `start`.
@@ -61,11 +64,37 @@ extension Backend {
 /// JSON, so the ABI is unchanged).
 func isPrewarmRequest(_ request: JSON) -> Bool { request["prewarm"]?.bool ?? false }
 
-/// The done event that ends a prewarm: nothing generated, usage zero.
-func prewarmedEvent(warnings: [String]) -> JSON {
+/// A prewarm request's `"promptPrefix"`: how the NPC's next prompt starts, when the host
+/// knows (`npc/prewarm`'s `speaker` and `promptPrefix`: `Bram: `); nil when absent, null or
+/// empty. The Apple backend passes it to `prewarm(promptPrefix:)`.
+func promptPrefix(_ request: JSON) throws -> String? {
+    switch request["promptPrefix"] {
+    case nil, .some(.null): return nil
+    case .some(.string(let s)): return s.isEmpty ? nil : s
+    default: throw OamError("invalid_request", "promptPrefix must be a string")
+    }
+}
+
+/// An engine config's `"adapter"`: the path of an Apple adapter file (`.fmadapter`), which
+/// must exist; nil when absent or null.
+func adapterPath(_ config: JSON) throws -> String? {
+    switch config["adapter"] {
+    case nil, .some(.null): return nil
+    case .some(.string(let path)) where !path.isEmpty:
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw OamError("model_unavailable", "adapter file not found: \(path)")
+        }
+        return path
+    default: throw OamError("invalid_request", "adapter must be a file path")
+    }
+}
+
+/// The done event that ends a prewarm: nothing generated; `inputTokens` what was prepared
+/// where the backend knows it (else 0).
+func prewarmedEvent(warnings: [String], inputTokens: Int = 0) -> JSON {
     var o: [String: JSON] = [
         "type": .string("done"), "finishReason": .string("prewarmed"),
-        "usage": .object(["inputTokens": .int(0), "outputTokens": .int(0), "cachedTokens": .int(0)]),
+        "usage": .object(["inputTokens": .int(inputTokens), "outputTokens": .int(0), "cachedTokens": .int(0)]),
     ]
     if !warnings.isEmpty { o["warnings"] = .array(warnings.map { .string($0) }) }
     return .object(o)
@@ -415,6 +444,7 @@ func estimateRequestTokens(_ request: JSON) -> Int {
     }
     for t in request["tools"]?.array ?? [] { total += estimateTokens(t.serialized()) }
     if let schema = request["schema"], schema != .null { total += estimateTokens(schema.serialized()) }
+    if let prefix = request["promptPrefix"]?.string { total += 4 + estimateTokens(prefix) }  // a prewarm's
     return total
 }
 

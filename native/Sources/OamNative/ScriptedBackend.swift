@@ -29,6 +29,7 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
     private let gate = PlanStepGate()  // one step per NPC at a time, NPCs together (as the Apple backend)
     let contextSize: Int
     private let languages: JSON
+    private let adapter: String?
 
     init(config: JSON) throws {
         if let s = config["script"], s != .null {
@@ -41,6 +42,10 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             script = []
         }
         contextSize = config["contextSize"]?.int ?? 4096
+        // "adapter": the Apple backend's fine-tuned adapter file (npc/create's `model` on the
+        // native engine). Here the file must exist, as Apple's loader needs it to; what it
+        // holds is not read (Apple's loader checks it: AppleBackend).
+        adapter = try adapterPath(config)
         if let l = config["languages"], l != .null {
             guard let arr = l.array, arr.allSatisfy({ $0.string != nil }) else {
                 throw OamError("invalid_request", "languages must be an array of strings")
@@ -57,6 +62,7 @@ final class ScriptedBackend: Backend, @unchecked Sendable {
             "reason": .null, "contextSize": .int(contextSize),
             "features": .array([.string("streaming"), .string("tools"), .string("schema"), .string("scripted")]),
             "languages": languages,   // config "languages" (tests); null: not known
+            "adapter": adapter.map { .string($0) } ?? .null,
         ])
     }
 

@@ -38,7 +38,9 @@ final class ScriptedPrewarmTests: XCTestCase {
         XCTAssertEqual(warm[0].0, EventKind.done)
         let done = try JSON.parse(warm[0].1)
         XCTAssertEqual(done["finishReason"]?.string, "prewarmed")
-        XCTAssertEqual(done["usage"], .object(["inputTokens": .int(0), "outputTokens": .int(0), "cachedTokens": .int(0)]))
+        let estimate = estimateRequestTokens(try JSON.parse(history + "}"))
+        XCTAssertGreaterThan(estimate, 0)
+        XCTAssertEqual(done["usage"], .object(["inputTokens": .int(estimate), "outputTokens": .int(0), "cachedTokens": .int(0)]))
 
         let step = #"{"npcId":"keeper","instructions":"You are Greta.","messages":[{"role":"user","content":"Any ale?"}],"toolMode":"allowed"}"#
         XCTAssertEqual(text(try events(backend, step)), "first line")
@@ -55,6 +57,40 @@ final class ScriptedPrewarmTests: XCTestCase {
         let warm = try events(backend, request)
         XCTAssertEqual(warm.map(\.0), [EventKind.done])
         XCTAssertEqual(text(try events(backend, #"{"messages":[{"role":"user","content":"hi"}]}"#)), "hello")
+    }
+
+    func testAPrewarmsPromptPrefixIsPreparedTooAndMustBeAString() throws {
+        // npc/prewarm's lead-in (`Bram: `): Apple's prewarm(promptPrefix:) gets it; here it
+        // counts in what was prepared. Empty or null is no prefix.
+        let backend = try ScriptedBackend(config: try JSON.parse("{}"))
+        func input(_ extra: String) throws -> Int? {
+            let warm = try events(backend, history + #","prewarm":true"# + extra + "}")
+            return try JSON.parse(warm[0].1)["usage"]?["inputTokens"]?.int
+        }
+        let plain = try XCTUnwrap(try input(""))
+        XCTAssertGreaterThan(try XCTUnwrap(try input(#","promptPrefix":"Bram: ""#)), plain)
+        XCTAssertEqual(try input(#","promptPrefix":null"#), plain)
+        XCTAssertEqual(try promptPrefix(try JSON.parse(#"{"promptPrefix":""}"#)), nil)
+        XCTAssertEqual(try promptPrefix(try JSON.parse(#"{"promptPrefix":"Bram: "}"#)), "Bram: ")
+        XCTAssertThrowsError(try backend.begin(try JSON.parse(history + #","prewarm":true,"promptPrefix":5}"#),
+                                               step: StepState(engine: EngineBox(backend: backend)))) { error in
+            XCTAssertEqual((error as? OamError)?.code, "invalid_request")
+        }
+    }
+
+    func testAnAdapterMustBeAFileThatIsThere() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("oam-\(UUID().uuidString).fmadapter")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let backend = try ScriptedBackend(config: .object(["adapter": .string(dir.path)]))
+        XCTAssertEqual(backend.info()["adapter"]?.string, dir.path)
+        XCTAssertEqual(try ScriptedBackend(config: .object([:])).info()["adapter"], .null)
+        XCTAssertThrowsError(try ScriptedBackend(config: .object(["adapter": .string(dir.path + "-gone")]))) { error in
+            XCTAssertEqual((error as? OamError)?.code, "model_unavailable")
+        }
+        XCTAssertThrowsError(try ScriptedBackend(config: .object(["adapter": .int(5)]))) { error in
+            XCTAssertEqual((error as? OamError)?.code, "invalid_request")
+        }
     }
 
     func testPrewarmFalseIsAStep() throws {
