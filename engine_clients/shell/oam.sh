@@ -17,7 +17,10 @@
 #   oam_decide NPC SITUATION OPTIONS [EXTRA]
 #                                   npc/decide; OPTIONS a JSON array of {name, description,
 #                                   parameters?}; EXTRA e.g. '{"reasoning":false,"remember":true}'
-#   oam_prewarm NPC                 npc/prewarm
+#   oam_prewarm NPC [SPEAKER [PROMPT_PREFIX]]
+#                                   npc/prewarm; SPEAKER: who speaks to NPC next (another NPC's
+#                                   id or a name; "" or absent: the player), PROMPT_PREFIX: how
+#                                   that line starts; each is sent only when not empty
 #   oam_set_tags NPC [TAG...]       npc/setTags (replaces the NPC's tags)
 #   oam_world_set KEY VALUE [SCOPE] world/set; VALUE is JSON ('"closed"' for a string); SCOPE
 #                                   JSON, e.g. '{"tags":["tavern"]}', '{"npcIds":["guard"]}',
@@ -165,7 +168,9 @@ oam_decide() {
 }
 
 oam_prewarm() {
-    _oam_call npc/prewarm --arg n "$1" '{npcId:$n}'
+    _oam_call npc/prewarm --arg n "$1" --arg s "${2:-}" --arg p "${3:-}" \
+        '{npcId:$n} + (if $s == "" then {} else {speaker:$s} end)
+         + (if $p == "" then {} else {promptPrefix:$p} end)'
 }
 
 oam_set_tags() {

@@ -130,6 +130,12 @@ check "npc to npc: completed, deltas concatenate to the text" "$E" \
 run_turn oam_prewarm guard
 check "prewarm: started kind prewarm, then completed prewarmed, steps 0, text empty" "$TURN_EVENTS" \
     'length == 2 and .[0].method == "turn/started" and .[0].params.kind == "prewarm" and .[1].method == "turn/completed" and .[1].params.finishReason == "prewarmed" and .[1].params.steps == 0 and .[1].params.text == ""'
+run_turn oam_prewarm guard keeper "Heard about"
+check "prewarm with a speaker and a prefix: started with speaker keeper and the prefix as prompt, then prewarmed" "$TURN_EVENTS" \
+    '.[0].params.kind == "prewarm" and .[0].params.speaker == "keeper" and .[0].params.prompt == "Heard about" and .[-1].params.finishReason == "prewarmed"'
+run_turn oam_prewarm guard "" "Well,"
+check "prewarm with a prefix only: speaker null (the player)" "$TURN_EVENTS" \
+    '.[0].params.kind == "prewarm" and .[0].params.speaker == null and .[0].params.prompt == "Well," and .[-1].params.finishReason == "prewarmed"'
 
 mapfile -t tags < <(step_params set_tags | jq -r '.tags[]')
 r=$(oam_set_tags guard "${tags[@]}") || bad "set_tags: $r"
@@ -192,6 +198,29 @@ grep -q "bridge command not found: .venv/bin/python" <<<"$out" && ok "gone bridg
     || bad "gone bridge: no 'command not found' message: $out"
 grep -q "cannot send: the bridge is not running" <<<"$out" && ok "gone bridge: failed send is named" \
     || bad "gone bridge: no 'not running' message: $out"
+
+# The params the helpers send, as a fake bridge that answers each request with its params sees
+# them: oam_prewarm sends speaker and promptPrefix only when given.
+SCRATCH=$(mktemp -d)
+cat >"$SCRATCH/echo_params.sh" <<'EOS'
+#!/usr/bin/env bash
+while IFS= read -r l; do
+    [ "$(jq -r .method <<<"$l")" = exit ] && exit 0
+    jq -c 'select(has("id")) | {jsonrpc: "2.0", id, result: .params}' <<<"$l"
+done
+EOS
+chmod +x "$SCRATCH/echo_params.sh"
+out=$(bash -c '
+    . "$1"
+    oam_start "$2" || exit 1
+    oam_prewarm g; oam_prewarm g keeper "Heard about"; oam_prewarm g "" "Well,"
+    oam_stop' _ "$HERE/oam.sh" "$SCRATCH/echo_params.sh" 2>&1); rc=$?
+rm -rf "$SCRATCH"
+want='{"npcId":"g"}
+{"npcId":"g","speaker":"keeper","promptPrefix":"Heard about"}
+{"npcId":"g","promptPrefix":"Well,"}'
+[ $rc -eq 0 ] && [ "$out" = "$want" ] && ok "oam_prewarm's params: speaker and promptPrefix only when given" \
+    || bad "oam_prewarm's params (exit $rc): $out"
 
 # The game crashing never orphans the bridge: a game script killed with SIGKILL (its traps
 # never run, oam_stop is never called) takes its bridge within a second.

@@ -185,7 +185,7 @@ else
     fi
     gl=$(timeout 60 "$BUILD/plain/gamelayer" 2>&1); rc=$?
     want=("bram: prewarm, speaker null" "bram: decide, speaker null" "question because It is dark."
-          "fallback: Let's talk about something else." 'bram: respond, speaker "Greta"'
+          "fallback: Let's talk about something else." 'bram: prewarm, speaker "Greta"' 'bram: respond, speaker "Greta"'
           "Quiet, Greta. (world revision 4)" "ale price; gate; history of the keep; season; "
           '{"deleted":true,"revision":5}')
     missing=""

@@ -136,6 +136,15 @@ def npc_params(npc_id: str) -> dict:
     return {"npcId": npc_id}
 
 
+def prewarm_params(npc_id: str, speaker: str, prompt_prefix: str) -> dict:
+    params: dict = {"npcId": npc_id}
+    if speaker:  # if not speaker.is_empty()
+        params["speaker"] = speaker
+    if prompt_prefix:
+        params["promptPrefix"] = prompt_prefix
+    return params
+
+
 def restore_params(save: dict, npc_id: str) -> dict:
     params: dict = {"save": save}
     if npc_id:
@@ -434,8 +443,8 @@ class Client:
         return self.request("npc/decide",
                             decide_params(npc_id, situation, options, reasoning, remember))
 
-    def prewarm(self, npc_id: str) -> Call:
-        return self.request("npc/prewarm", npc_params(npc_id))
+    def prewarm(self, npc_id: str, speaker: str = "", prompt_prefix: str = "") -> Call:
+        return self.request("npc/prewarm", prewarm_params(npc_id, speaker, prompt_prefix))
 
     def set_tags(self, npc_id: str, tags: list[str]) -> Call:
         return self.request("npc/setTags", set_tags_params(npc_id, tags))
@@ -697,6 +706,8 @@ def game_layer(client: Client) -> None:
 
     call, sigs = follow_turn(client, client.prewarm(step("prewarm")["request"]["params"]["npcId"]),
                              "guard", "prewarm")
+    check("prewarm line without speaker or prefix: exactly {npcId}",
+          json.loads(client.sent[-1])["params"] == {"npcId": "guard"}, client.sent[-1])
     check("prewarm: result has a turnId", call.is_ok() and isinstance(call.result["turnId"], str),
           call.error or call.result)
     check("prewarm: turn_started(\"\", \"\", kind prewarm) then turn_completed only",
@@ -727,7 +738,8 @@ LORE = "Built by the old king in the year of the long frost."
 
 def game_layer_extras(client: Client) -> None:
     """The game-layer line shapes the scenario does not send: npc_ids, lore, world_get of
-    everything, a decision with parameters and without reasoning, tool_or_answer."""
+    everything, a decision with parameters and without reasoning, tool_or_answer, a prewarm
+    with a speaker and a prompt prefix."""
     r = client.wait(client.world_set("history of the keep", LORE,
                                      [], [], True))
     check("world_set lore line", json.loads(client.sent[-1])["params"] == {
@@ -791,6 +803,24 @@ def game_layer_extras(client: Client) -> None:
     check("tool_or_answer: respond_directly has no event, is not in toolCalls; text follows",
           res.get("text") == "Stand easy." and res.get("toolCalls") == []
           and not any(n.startswith("tool_call") for n, _ in sigs), sigs)
+    call, sigs = follow_turn(client, client.prewarm("captain", "guard", "Heard about"),
+                             "captain", "prewarm with speaker and prefix")
+    check("prewarm line with speaker and promptPrefix",
+          json.loads(client.sent[-1])["params"]
+          == {"npcId": "captain", "speaker": "guard", "promptPrefix": "Heard about"},
+          client.sent[-1])
+    check("prewarm: turn_started(prefix, speaker Bram (guard's persona name), kind prewarm), "
+          "finishReason prewarmed",
+          [n for n, _ in sigs] == ["turn_started", "turn_completed"]
+          and sigs[0][1][2:] == ["Heard about", "Bram", KIND_PREWARM]
+          and completed(sigs).get("finishReason") == "prewarmed", sigs)
+    call, sigs = follow_turn(client, client.prewarm("captain", "", "Well,"), "captain",
+                             "prewarm with a prefix only")
+    check("prewarm line with promptPrefix only (no speaker: the player)",
+          json.loads(client.sent[-1])["params"] == {"npcId": "captain", "promptPrefix": "Well,"},
+          client.sent[-1])
+    check("prewarm: turn_started(prefix, speaker \"\" (the player), kind prewarm)",
+          sigs[:1] and sigs[0][1][2:] == ["Well,", "", KIND_PREWARM], sigs)
     r = client.wait(client.delete_npc("captain"))
     check("delete captain", r.is_ok(), r.error)
 

@@ -217,9 +217,22 @@ namespace Oam.Bridge
         /// <c>npc/prewarm</c>: prepares the NPC (instructions, world facts, tools, history) before the
         /// player reaches it, so its first words come sooner. A turn of the NPC that changes no
         /// history: it completes with <c>FinishReason == "prewarmed"</c>, <c>Steps == 0</c>, <c>Text == ""</c>.
+        /// When the game knows who will speak to the NPC next (<paramref name="speaker"/>, as
+        /// <see cref="RespondOptions.Speaker"/>: another NPC's id or a name; null: the player) or how that
+        /// line starts (<paramref name="promptPrefix"/>), that lead-in is prepared too; null leaves them out.
         /// </summary>
-        public Task<Turn> PrewarmAsync(string npcId, CancellationToken cancellationToken = default(CancellationToken)) =>
-            StartTurn("npc/prewarm", npcId, TurnKinds.Prewarm, NpcRef(npcId), cancellationToken);
+        public Task<Turn> PrewarmAsync(string npcId, string speaker = null, string promptPrefix = null,
+            CancellationToken cancellationToken = default(CancellationToken))
+        {
+            JObject p = NpcRef(npcId);
+            if (speaker != null) p["speaker"] = speaker;
+            if (promptPrefix != null) p["promptPrefix"] = promptPrefix;
+            return StartTurn("npc/prewarm", npcId, TurnKinds.Prewarm, p, cancellationToken);
+        }
+
+        /// <summary><see cref="PrewarmAsync(string, string, string, CancellationToken)"/> for the player's next line.</summary>
+        public Task<Turn> PrewarmAsync(string npcId, CancellationToken cancellationToken) =>
+            PrewarmAsync(npcId, null, null, cancellationToken);
 
         // the turn's handle is made on the reader thread before the turn's first event is read
         Task<Turn> StartTurn(string method, string npcId, string kind, JObject p, CancellationToken cancellationToken) =>

@@ -53,7 +53,7 @@ namespace Oam.Bridge
             Kind = p.Value<string>("kind") ?? TurnKinds.Respond;
         }
 
-        /// <summary>The player's line (a decision: the text the model reads; a prewarm: <c>""</c>).</summary>
+        /// <summary>The player's line (a decision: the text the model reads; a prewarm: its <c>promptPrefix</c>, <c>""</c> without one).</summary>
         public string Prompt { get; }
         /// <summary>Who said the prompt: null for the player, else the speaker's name (another NPC's persona name or id).</summary>
         public string Speaker { get; }

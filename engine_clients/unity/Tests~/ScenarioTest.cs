@@ -298,6 +298,30 @@ static class ScenarioTest
         Check("extra: AskAsync with every respond option, non-ASCII text both ways", echo.Text == "You said: " + unicode,
             () => echo.Text);
 
+        // prewarm with who speaks next and how that line starts (keeper has no persona: its id is its name)
+        events.Clear();
+        turn = await Within(bridge.PrewarmAsync(sentry.NpcId, speaker: "keeper", promptPrefix: "Heard about"),
+            "npc/prewarm (speaker, promptPrefix)");
+        result = await Within(turn.Completion, "prewarm turn (speaker, promptPrefix)");
+        CheckSequence("extra: prewarm with a speaker", events, turn.TurnId, sentry.NpcId);
+        Check("extra: prewarm with a speaker: turn/started has the promptPrefix and the speaker's name, then prewarmed",
+            events.FirstOrDefault() is TurnStartedEvent ws && ws.Kind == TurnKinds.Prewarm && ws.Prompt == "Heard about"
+            && ws.Speaker == "keeper" && turn.Speaker == "keeper" && result.FinishReason == FinishReasons.Prewarmed,
+            () => string.Join(" ", events.Select(e => J(e.Params))));
+        events.Clear();
+        turn = await Within(bridge.PrewarmAsync(sentry.NpcId, promptPrefix: "Well,"), "npc/prewarm (promptPrefix)");
+        result = await Within(turn.Completion, "prewarm turn (promptPrefix)");
+        Check("extra: prewarm with a promptPrefix only: the player speaks next",
+            events.FirstOrDefault() is TurnStartedEvent wp && wp.Prompt == "Well," && wp.Speaker == null
+            && result.FinishReason == FinishReasons.Prewarmed, () => string.Join(" ", events.Select(e => J(e.Params))));
+        events.Clear();
+        using (var token = new CancellationTokenSource())
+            turn = await Within(bridge.PrewarmAsync(sentry.NpcId, token.Token), "npc/prewarm (token)");
+        result = await Within(turn.Completion, "prewarm turn (token)");
+        Check("extra: PrewarmAsync(npcId, token) still prewarms for the player",
+            events.FirstOrDefault() is TurnStartedEvent wt && wt.Prompt == "" && wt.Speaker == null
+            && result.FinishReason == FinishReasons.Prewarmed, () => string.Join(" ", events.Select(e => J(e.Params))));
+
         var slow = await Within(bridge.CreateNpcAsync(new NpcConfig("slow")
         {
             Engine = "scripted",

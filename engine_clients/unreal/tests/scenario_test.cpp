@@ -392,6 +392,19 @@ static void runScenario(const std::vector<std::string>& command) {
         check(s["engines"].is_array() && !s["engines"].empty(), "engineStatus", s.dump());
         check(client.reset("keeper2").get() == json::object(), "reset");
         check(client.deleteNpc("keeper2").get() == json::object(), "deleteNpc");
+        // prewarm with who speaks next and how that line starts, then with a prefix only (the player)
+        auto warm = client.prewarm("keeper", "Greta", "Heard about");
+        auto wc = getWithin(warm->completion());
+        auto wevs = warm->events();
+        check(wc && (*wc)["finishReason"] == "prewarmed" && !wevs.empty() && wevs[0].params["prompt"] == "Heard about" &&
+                  wevs[0].params["speaker"] == "Greta" && warm->speaker() == std::string("Greta"),
+              "prewarm with a speaker and a promptPrefix: turn/started carries both", dump(wevs));
+        warm = client.prewarm("keeper", "", "Well,");
+        wc = getWithin(warm->completion());
+        wevs = warm->events();
+        check(wc && (*wc)["finishReason"] == "prewarmed" && !wevs.empty() && wevs[0].params["prompt"] == "Well," &&
+                  wevs[0].params["speaker"].is_null() && !warm->speaker(),
+              "prewarm with a promptPrefix only: speaker null (the player)", dump(wevs));
         try {
             client.submitError("keeper", "call_nope", "x").get();
             bad("submit to an unknown call accepted");
@@ -534,6 +547,38 @@ static void runTransport() {
         for (const auto& l : log2) epipe |= l.find("writing to the bridge failed") != std::string::npos;
         check(epipe && code2 == "transport" && rc2 == 4,
               "transport: a write to a closed stdin is EPIPE, not SIGPIPE; the request fails", code2);
+    }
+
+    // the lines the client writes, as a fake bridge reads them (it echoes each to stderr): prewarm
+    // sends speaker and promptPrefix only when given
+    {
+        std::mutex m;
+        std::condition_variable cv;
+        std::vector<json> sent;
+        oam::ClientOptions o;
+        o.command = {"sh", "-c", "while IFS= read -r l; do printf '%s\\n' \"$l\" >&2; done"};
+        o.onLog = [&](const std::string& l) {
+            json j = json::parse(l, nullptr, false);
+            std::lock_guard<std::mutex> lock(m);
+            if (j.is_object()) sent.push_back(std::move(j));
+            cv.notify_all();
+        };
+        oam::Client c(o);
+        c.prewarm("bram");
+        c.prewarm("bram", "greta", "Quiet");
+        c.prewarm("bram", "", "Well,");
+        c.prewarm("bram", oam::Turn::Callbacks{});
+        {
+            std::unique_lock<std::mutex> lk(m);
+            cv.wait_for(lk, 5s, [&] { return sent.size() >= 4; });
+        }
+        c.close(2000ms);
+        std::lock_guard<std::mutex> lk(m);
+        json params = json::array();
+        for (const auto& s : sent) params.push_back(s.value("method", "") == "npc/prewarm" ? s["params"] : json());
+        const json want = json::parse(R"([{"npcId": "bram"}, {"npcId": "bram", "speaker": "greta", "promptPrefix": "Quiet"},
+            {"npcId": "bram", "promptPrefix": "Well,"}, {"npcId": "bram"}])");
+        check(params == want, "requests: prewarm's params hold speaker and promptPrefix only when given", params.dump());
     }
 
     // a bridge that never exits on EOF is terminated after the close timeout

@@ -1,7 +1,8 @@
 // ue_layer_test.cpp - runs the Unreal layer (Public/, Private/) against ue_stubs/ and the real
 // bridge: the subsystem finds the shipped bridge in the plugin folder ($OAM_STUB_PLUGIN_DIR, no
 // OAM_BRIDGE_CMD), a UOamNpcComponent creates its NPC from USTRUCT config, answers a tool call
-// through its own delegate, the async nodes respond and decide, SaveTranscript / RestoreTranscript
+// through its own delegate, the async nodes respond and decide, Prewarm (component and subsystem)
+// reports its speaker and prefix in OnTurnStarted, SaveTranscript / RestoreTranscript
 // answer asynchronously and report failures (unknown NPC, a bridge that died) instead of an empty save.
 // The stub "game loop" is UEStub_PumpGameThread().
 #include <chrono>
@@ -50,7 +51,13 @@ public:
 	bool bNodeDone = false, bNodeOk = false;
 	int NodeDeltas = 0;
 	FOamDecision Decision;
+	TArray<FString> Started;  // "Kind|Speaker|Prompt" of each OnTurnStarted
+	FString FinishReason;
 
+	void HandleStarted(const FString&, const FString&, const FString& Kind, const FString& Speaker, const FString& Prompt)
+	{
+		Started.Add(Kind + TEXT("|") + Speaker + TEXT("|") + Prompt);
+	}
 	void HandleCreated(bool bOk, const FOamError&) { Created += bOk ? 1 : 0; }
 	void HandleDelta(const FString&, const FString&, bool) { ++Deltas; }
 	void HandleToolCall(const FOamToolCall& Call)
@@ -58,7 +65,7 @@ public:
 		ToolArgs = Call.ArgumentsJson;
 		Npc->SubmitToolOutput(Call.CallId, TEXT("{\"opened\":\"north\"}"));
 	}
-	void HandleCompleted(const FOamTurnResult& R) { ++Completed; Text = R.Text; }
+	void HandleCompleted(const FOamTurnResult& R) { ++Completed; Text = R.Text; FinishReason = R.FinishReason; }
 	void HandleFailed(const FString&, const FOamError& E) { ++Failed; FailCode = E.Code; }
 	void HandleSaved(bool bOk, const FString& Json, const FOamError& E) { bSaveDone = true; bSaveOk = bOk; SaveJson = Json; SaveError = E; }
 	void HandleNodeDelta(const FOamTurnResult&, const FOamError&) { ++NodeDeltas; }
@@ -154,6 +161,21 @@ int main()
 	CHECK(PumpUntil([&] { return L->bNodeDone; }) && L->bNodeOk && L->Decision.Choice == FString("question") &&
 			L->Decision.Reasoning == FString("It is dark."),
 		std::string("async node NPC Decide: Decided with the choice (") + *L->Decision.Choice + ") and reasoning");
+
+	// Prewarm, from the component and the subsystem: for the player, or for who speaks next and how that line starts.
+	Bridge->OnTurnStarted.AddDynamic(L, &UListener::HandleStarted);
+	const int Before = L->Completed;
+	Npc->Prewarm();
+	Npc->Prewarm(TEXT("Greta"), TEXT("Quiet"));
+	CHECK(PumpUntil([&] { return L->Completed == Before + 2; }) && L->FinishReason == FString("prewarmed"),
+		std::string("component Prewarm: OnTurnCompleted, FinishReason ") + *L->FinishReason);
+	CHECK(Bridge->Prewarm(Npc->GetNpcId(), TEXT("Greta"), TEXT("Who")) && PumpUntil([&] { return L->Started.Num() == 3; }),
+		"subsystem Prewarm with a speaker and a prefix: OnTurnStarted");
+	FString Got;
+	for (const FString& S : L->Started) Got += S + TEXT("; ");
+	CHECK(L->Started.Num() == 3 && L->Started[0] == FString("prewarm||") && L->Started[1] == FString("prewarm|Greta|Quiet") &&
+			L->Started[2] == FString("prewarm|Greta|Who"),
+		std::string("Prewarm(): the player, no prefix; Prewarm(Speaker, PromptPrefix): both in OnTurnStarted (") + *Got + ")");
 
 	// SaveTranscript: asynchronous, the save arrives through the delegate.
 	FOamTranscriptSavedDelegate OnSaved;

@@ -11,8 +11,9 @@ extends Node
 ## Call this node from the main thread only; writes to the bridge's stdin happen there.
 
 ## A turn began. prompt: the player's line (a decision: the text the model reads; a prewarm:
-## ""). speaker: who said it ("" for the player; another NPC's name for NPC-to-NPC lines).
-## kind: OamProtocol.KIND_RESPOND, KIND_DECIDE or KIND_PREWARM, the method that started it.
+## its prompt_prefix). speaker: who said it ("" for the player; another NPC's name for
+## NPC-to-NPC lines; a prewarm: who will speak next). kind: OamProtocol.KIND_RESPOND,
+## KIND_DECIDE or KIND_PREWARM, the method that started it.
 signal turn_started(npc_id: String, turn_id: String, prompt: String, speaker: String, kind: String)
 ## New text. text: the step's text so far ("" when the turn set fullText false);
 ## is_reset: the text shown so far is replaced (first delta after a tool round).
@@ -433,9 +434,11 @@ func decide(
 
 ## Prepares the NPC before the player reaches it, so its first words come sooner. The result
 ## is {npcId, turnId}; the prewarm is a turn (turn_started kind "prewarm", then
-## turn_completed with finishReason "prewarmed").
-func prewarm(npc_id: String) -> OamCall:
-	return request("npc/prewarm", OamProtocol.npc_params(npc_id))
+## turn_completed with finishReason "prewarmed"). When the game knows who will speak to the
+## NPC next (speaker: another NPC's id or a name; "": the player) or how that line starts
+## (prompt_prefix), that lead-in is prepared too.
+func prewarm(npc_id: String, speaker: String = "", prompt_prefix: String = "") -> OamCall:
+	return request("npc/prewarm", OamProtocol.prewarm_params(npc_id, speaker, prompt_prefix))
 
 
 ## Replaces the NPC's tags (where it is, whose side it is on): the world facts scoped by

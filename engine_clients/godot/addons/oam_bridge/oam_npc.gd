@@ -98,8 +98,11 @@ func decide(situation: String, options: Array, reasoning := true, remember := fa
 	return _client().decide(npc_id, situation, options, reasoning, remember).turn
 
 
-func prewarm() -> OamTurn:
-	return _client().prewarm(npc_id).turn
+## Gets the NPC ready before it is spoken to (kind "prewarm", finishReason "prewarmed").
+## speaker: who speaks next (another NPC's id or a name; "": the player); prompt_prefix: how
+## that line starts, when the game knows.
+func prewarm(speaker: String = "", prompt_prefix: String = "") -> OamTurn:
+	return _client().prewarm(npc_id, speaker, prompt_prefix).turn
 
 
 func cancel() -> OamCall:

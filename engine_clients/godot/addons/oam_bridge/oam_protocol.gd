@@ -173,9 +173,20 @@ static func submit_error_params(npc_id: String, call_id: String, message: String
 	return {"npcId": npc_id, "callId": call_id, "error": message}
 
 
-## For npc/cancel, npc/transcript, npc/reset, npc/delete, npc/prewarm.
+## For npc/cancel, npc/transcript, npc/reset, npc/delete.
 static func npc_params(npc_id: String) -> Dictionary:
 	return {"npcId": npc_id}
+
+
+## speaker (who speaks to the NPC next: another NPC's id, or a name) and prompt_prefix (how
+## that line starts) are optional ("" leaves them out: the player, no prefix).
+static func prewarm_params(npc_id: String, speaker: String, prompt_prefix: String) -> Dictionary:
+	var params := {"npcId": npc_id}
+	if not speaker.is_empty():
+		params["speaker"] = speaker
+	if not prompt_prefix.is_empty():
+		params["promptPrefix"] = prompt_prefix
+	return params
 
 
 ## npc_id "" restores under the id the save carries.

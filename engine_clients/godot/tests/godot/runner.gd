@@ -575,6 +575,19 @@ func _test_npc_node() -> String:
 		return "decide: %s %s" % [decision.result, decisions]
 	if typeof(decisions[0][1]["minutes"]) != TYPE_INT or str(decisions[0][1]["minutes"]) != "5":
 		return "decision arguments %s" % [decisions[0][1]]
+	# prewarm: no arguments (the player is next), then who speaks next and how the line starts
+	var started := []
+	keeper.turn_started.connect(
+		func(_t: String, prompt: String, speaker: String, kind: String) -> void:
+			started.append([prompt, speaker, kind])
+	)
+	var warmed = await keeper.prewarm().wait()
+	var warmed2 = await keeper.prewarm("other", "So,").wait()
+	for each in [warmed, warmed2]:
+		if not each.is_ok() or each.result["finishReason"] != "prewarmed":
+			return "prewarm: %s %s" % [each.result, each.error]
+	if started != [["", "", "prewarm"], ["So,", "other", "prewarm"]]:
+		return "prewarm: turn_started %s" % [started]
 	_done(client)
 	keeper.queue_free()
 	other.queue_free()

@@ -168,11 +168,16 @@ namespace Oam.Bridge.Unity
             }
         }
 
-        /// <summary>Prepares the NPC before the player reaches it (<c>npc/prewarm</c>); completes when it is done.</summary>
-        public async Task PrewarmAsync()
+        /// <summary>
+        /// Prepares the NPC before the player reaches it (<c>npc/prewarm</c>); completes when it is done.
+        /// <paramref name="speaker"/>: who speaks to it next (another NPC's id, e.g. <c>greta.NpcId</c>, or a
+        /// name; null or empty: the player); <paramref name="promptPrefix"/>: how that line starts, when the game knows.
+        /// </summary>
+        public async Task PrewarmAsync(string speaker = null, string promptPrefix = null)
         {
             await ReadyAsync();
-            Turn turn = await Client.PrewarmAsync(NpcId);
+            Turn turn = await Client.PrewarmAsync(NpcId, string.IsNullOrEmpty(speaker) ? null : speaker,
+                string.IsNullOrEmpty(promptPrefix) ? null : promptPrefix);
             await turn.Completion;
         }
 

@@ -72,6 +72,7 @@ static class UnityLayerTest
         await Test("the last NPC destroyed, or quitting, ends the bridge", Lifetime);
         await Test("shipping: build step and StreamingAssets", Shipping, 150); // copies the real dist (~250 MB)
         await Test("sample: the innkeeper scene with a tool", Sample);
+        await Test("prewarm for the player, or for another NPC's line", Prewarm);
     }
 
     static async Task Test(string name, Func<Task> body, int seconds = 40)
@@ -252,6 +253,22 @@ static class UnityLayerTest
             Fail("the default path needs an npcId");
         }
         catch (InvalidOperationException) { Ok("the default path needs an npcId (a generated one changes every run)"); }
+    }
+
+    static async Task Prewarm()
+    {
+        OamNpc bram = Npc("Bram", "bram"), greta = Npc("Greta", "greta", n => n.personaName = "Greta");
+        var started = new List<TurnStartedEvent>();
+        bram.TurnStarted += started.Add;
+        await Within(greta.ReadyAsync(), "greta ready");
+        await Within(bram.PrewarmAsync(), "prewarm");
+        await Within(bram.PrewarmAsync("", ""), "prewarm with empty strings (an inspector's unset fields)");
+        await Within(bram.PrewarmAsync(greta.NpcId, "Quiet"), "prewarm with a speaker and a promptPrefix");
+        Check("PrewarmAsync() and PrewarmAsync(\"\", \"\"): for the player; PrewarmAsync(speaker, promptPrefix): for Greta's line",
+            started.Count == 3 && started.All(e => e.Kind == TurnKinds.Prewarm)
+            && started[0].Speaker == null && started[0].Prompt == "" && started[1].Speaker == null && started[1].Prompt == ""
+            && started[2].Speaker == "Greta" && started[2].Prompt == "Quiet",
+            () => string.Join(" ", started.Select(e => e.Params.ToString(Newtonsoft.Json.Formatting.None))));
     }
 
     static async Task Lifetime()

@@ -779,8 +779,16 @@ std::shared_ptr<Turn> Client::decide(const std::string& npcId, const std::string
     return impl_->startTurn("decide", std::move(params), std::move(callbacks));
 }
 
+std::shared_ptr<Turn> Client::prewarm(const std::string& npcId, const std::string& speaker,
+                                      const std::string& promptPrefix, Turn::Callbacks callbacks) {
+    json params = {{"npcId", npcId}};
+    if (!speaker.empty()) params["speaker"] = speaker;
+    if (!promptPrefix.empty()) params["promptPrefix"] = promptPrefix;
+    return impl_->startTurn("prewarm", std::move(params), std::move(callbacks));
+}
+
 std::shared_ptr<Turn> Client::prewarm(const std::string& npcId, Turn::Callbacks callbacks) {
-    return impl_->startTurn("prewarm", {{"npcId", npcId}}, std::move(callbacks));
+    return prewarm(npcId, "", "", std::move(callbacks));
 }
 
 std::future<json> Client::setTags(const std::string& npcId, const std::vector<std::string>& tags) {

@@ -181,7 +181,13 @@ public:
     std::shared_ptr<Turn> decide(const std::string& npcId, const std::string& situation, json choices,
                                  json extra = json::object(), Turn::Callbacks callbacks = {});
     // npc/prewarm: a turn that prepares the NPC; completes with finishReason "prewarmed", steps 0.
-    std::shared_ptr<Turn> prewarm(const std::string& npcId, Turn::Callbacks callbacks = {});
+    // speaker: who will speak to the NPC next (as respond's "speaker": another NPC's id or a name;
+    // empty: the player); promptPrefix: how that line starts, when the game knows. Empty ones are
+    // left out of the request.
+    std::shared_ptr<Turn> prewarm(const std::string& npcId, const std::string& speaker = "",
+                                  const std::string& promptPrefix = "", Turn::Callbacks callbacks = {});
+    // npc/prewarm for the player's next line, with callbacks.
+    std::shared_ptr<Turn> prewarm(const std::string& npcId, Turn::Callbacks callbacks);
     std::future<json> setTags(const std::string& npcId, const std::vector<std::string>& tags);  // npc/setTags
     // world/set; scope: {"tags": [...], "npcIds": [...], "lore": bool}, empty: every NPC, not lore.
     // The result is {"revision"}.

@@ -290,13 +290,13 @@ bool UOamBridgeSubsystem::Decide(const FString& NpcId, const FString& Situation,
 	return true;
 }
 
-bool UOamBridgeSubsystem::Prewarm(const FString& NpcId)
+bool UOamBridgeSubsystem::Prewarm(const FString& NpcId, const FString& Speaker, const FString& PromptPrefix)
 {
 	if (!Client)
 	{
 		return false;
 	}
-	Client->prewarm(ToStd(NpcId), TurnCallbacks(this));
+	Client->prewarm(ToStd(NpcId), ToStd(Speaker), ToStd(PromptPrefix), TurnCallbacks(this));
 	return true;
 }
 

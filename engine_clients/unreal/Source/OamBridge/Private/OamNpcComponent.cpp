@@ -241,14 +241,15 @@ bool UOamNpcComponent::Decide(const FString& Situation, const TArray<FOamDecisio
 	return StartDecide(Situation, Options, bReasoning, bRemember, FTurnHandlers());
 }
 
-bool UOamNpcComponent::Prewarm()
+bool UOamNpcComponent::Prewarm(const FString& Speaker, const FString& PromptPrefix)
 {
 	UOamBridgeSubsystem* Bridge = GetBridge();
 	if (!Bridge || !Bridge->GetClient())
 	{
 		return Fail(FTurnHandlers(), TEXT("no_bridge"), TEXT("Prewarm: the bridge is not running"));
 	}
-	Bridge->GetClient()->prewarm(ToStd(GetNpcId()), ComponentCallbacks(this, FTurnHandlers()));
+	Bridge->GetClient()->prewarm(ToStd(GetNpcId()), ToStd(Speaker), ToStd(PromptPrefix),
+		ComponentCallbacks(this, FTurnHandlers()));
 	return true;
 }
 

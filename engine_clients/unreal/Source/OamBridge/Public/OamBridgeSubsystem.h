@@ -75,9 +75,9 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "bReasoning,bRemember"))
 	bool Decide(const FString& NpcId, const FString& Situation, const FString& OptionsJson, bool bReasoning = true, bool bRemember = false);
 
-	/** npc/prewarm: prepares the NPC before the player reaches it. Ends with OnTurnCompleted (FinishReason "prewarmed"). */
-	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
-	bool Prewarm(const FString& NpcId);
+	/** npc/prewarm: prepares the NPC before the player reaches it. Ends with OnTurnCompleted (FinishReason "prewarmed"). Speaker: who will speak to it next (another NPC's id, or any name; empty: the player); PromptPrefix: how that line starts, when the game knows (OnTurnStarted reports both). */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "Speaker,PromptPrefix"))
+	bool Prewarm(const FString& NpcId, const FString& Speaker = TEXT(""), const FString& PromptPrefix = TEXT(""));
 
 	/** npc/setTags: replaces the NPC's tags; world facts scoped by tag follow from its next model step. */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")

@@ -63,9 +63,9 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "bReasoning,bRemember"))
 	bool Decide(const FString& Situation, const TArray<FOamDecisionOption>& Options, bool bReasoning = true, bool bRemember = false);
 
-	/** npc/prewarm: when the player comes near. OnTurnCompleted (FinishReason "prewarmed"). */
-	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
-	bool Prewarm();
+	/** npc/prewarm: when the player comes near. OnTurnCompleted (FinishReason "prewarmed"). Speaker: who will speak to the NPC next (another NPC's id or any name; empty: the player); PromptPrefix: how that line starts, when the game knows. */
+	UFUNCTION(BlueprintCallable, Category = "OAM Bridge", meta = (AdvancedDisplay = "Speaker,PromptPrefix"))
+	bool Prewarm(const FString& Speaker = TEXT(""), const FString& PromptPrefix = TEXT(""));
 
 	/** npc/cancel: running and queued turns end with OnTurnFailed (Code "cancelled"). */
 	UFUNCTION(BlueprintCallable, Category = "OAM Bridge")
