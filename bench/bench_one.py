@@ -1,6 +1,6 @@
 """One NPC at the llama.cpp limit (issue 33): the bridge's decoding speed beside ``llama-bench``.
 
-Each repeat, interleaved:
+Two sides, interleaved:
 
 - **bridge**: the real ``oam-bridge --engine llama --llama-threads T`` subprocess; a fresh NPC
   (about 100 prompt tokens, one of ``bench_batch``'s personas, greedy) answers one question.
@@ -14,17 +14,20 @@ Each repeat, interleaved:
   context is 8-10% faster than from 128 tokens in), with flash attention on and off; the
   faster of the two is the limit.
 
-Printed: per repeat both figures and their ratio, then the median ratio and its range
-(the goal: >= 0.97). llama-bench is built with ``GGML_NATIVE=ON`` for this machine's CPU; the
-bridge runs the portable build's best variant for it (``engine/status`` ``cpuVariant``).
+Each llama-bench run sits between two bridge turns and is compared with their mean: the
+shared VM's speed moves by a third within a minute, and a figure taken seconds before and one
+seconds after bracket the run. Printed: per run both figures and their ratio, then the median
+ratio and its range (the goal: >= 0.97). llama-bench is built with ``GGML_NATIVE=ON`` for this
+machine's CPU; the bridge runs the portable build's best variant for it (``engine/status``
+``cpuVariant``).
 
-Where the bridge's time per token goes: the bridge subprocess is ``bench_ttft.py
---as-bridge`` (``llama_decode`` wrapped to log each call), so per repeat the median time
-inside a one-token ``llama_decode`` and the median time between two of them (the step's
-sampling, its line, its events) are printed too, and beside them llama-bench's ``tg`` from
-an empty context (``-d 0``), the figure the issue first compared against.
+At the end: llama-bench's ``tg`` from an empty context (``-d 0``) beside the NPC's depth, the
+figure the issue first compared against; and where the bridge's time per token goes, from a
+second bridge whose ``llama_decode`` calls are logged (``bench_ttft.py --as-bridge``; not the
+measured one, as the log costs a little per token): the median time inside a one-token
+``llama_decode`` and between two of them (the step's sampling, its line, its events).
 
-Usage: python bench/bench_one.py [--repeat 5] [--threads T] [--tokens 96]
+Usage: python bench/bench_one.py [--repeat 9] [--threads T] [--tokens 96]
 """
 
 from __future__ import annotations
@@ -94,9 +97,10 @@ def split(trace: str) -> tuple[float, float]:
     return st.median(inside), st.median(between)
 
 
-def llama_bench(binary: str, model: str, threads: int, tokens: int, depth: int) -> dict[tuple[str, int], float]:
-    """tokens/s of ``llama-bench -n tokens`` by (flash attention ``on``/``off``, depth): from
-    ``depth`` and from an empty context."""
+def llama_bench(
+    binary: str, model: str, threads: int, tokens: int, depths: str, reps: int
+) -> dict[tuple[str, int], float]:
+    """tokens/s of ``llama-bench -n tokens -d depths`` by (flash attention ``on``/``off``, depth)."""
     out = subprocess.run(
         [
             binary,
@@ -109,11 +113,11 @@ def llama_bench(binary: str, model: str, threads: int, tokens: int, depth: int) 
             "-n",
             str(tokens),
             "-d",
-            f"{depth},0",
+            depths,
             "-fa",
             "on,off",
             "-r",
-            "3",
+            str(reps),
             "-o",
             "json",
         ],
@@ -124,21 +128,46 @@ def llama_bench(binary: str, model: str, threads: int, tokens: int, depth: int) 
     return {("on" if r["flash_attn"] else "off", int(r["n_depth"])): float(r["avg_ts"]) for r in json.loads(out)}
 
 
+def where_the_time_goes(threads: int, tokens: int, turns: int = 3) -> tuple[list[float], list[float]]:
+    """Per turn of a bridge whose ``llama_decode`` calls are logged (``bench_ttft.py
+    --as-bridge``; apart from the measured bridge, as the log costs a little per token): the
+    median ms inside a one-token decode and between two."""
+    trace = tempfile.NamedTemporaryFile(prefix="oam-one-", suffix=".log", delete=False).name
+    bridge = bb.Bridge(
+        ["--engine", "llama", "--llama-threads", str(threads)],
+        launcher=[bb.PY, bench_ttft.__file__, "--as-bridge", trace],
+    )
+    inside, between = [], []
+    try:
+        bridge_turn(bridge, 0, tokens)
+        for rnd in range(1, turns + 1):
+            open(trace, "w").close()
+            bridge_turn(bridge, 100 + rnd, tokens)
+            ms_in, ms_between = split(trace)
+            inside.append(ms_in)
+            between.append(ms_between)
+    finally:
+        bridge.close()
+        os.unlink(trace)
+    return inside, between
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=5, help="interleaved repeats per side")
+    ap.add_argument("--repeat", type=int, default=9, help="llama-bench runs, each between two bridge turns")
     ap.add_argument("--threads", type=int, default=0, help="decode threads, both sides (default cores - 1)")
     ap.add_argument("--tokens", type=int, default=96, help="the NPC's maxTokens")
     args = ap.parse_args()
     threads = args.threads or max(1, (os.cpu_count() or 2) - 1)
     binary, version = bb.llama_cpp_tool("llama-bench")
     model = default_model_path()
-    trace = tempfile.NamedTemporaryFile(prefix="oam-one-", suffix=".log", delete=False).name
-    bridge = bb.Bridge(
-        ["--engine", "llama", "--llama-threads", str(threads)],
-        launcher=[bb.PY, bench_ttft.__file__, "--as-bridge", trace],
-    )
-    ratios, at0, inside, between = [], [], [], []
+    bridge = bb.Bridge(["--engine", "llama", "--llama-threads", str(threads)])
+    turns: list[tuple[float, int, int]] = []
+    ratios: list[float] = []
+
+    def turn(rnd: int) -> None:
+        turns.append(bridge_turn(bridge, rnd, args.tokens))
+
     try:
         bridge_turn(bridge, 0, args.tokens)  # warm: the model's pages, the first compute graph
         status = bridge.call("engine/status", {})
@@ -149,41 +178,44 @@ def main() -> None:
             flush=True,
         )
         print(
-            "tokens/s: the bridge at the client; llama-bench from the NPC's depth, flash attention on and "
-            "off, and from depth 0 (the faster setting); ms a token inside llama_decode and between two"
+            "tokens/s: the bridge at the client, the mean of its turns just before and after each llama-bench "
+            "run (from the NPC's depth, flash attention on and off: the faster is the limit)"
         )
-        print(
-            f"{'repeat':>6} {'out':>4} {'depth':>5} {'bridge':>7} {'fa on':>7} {'fa off':>7} {'ratio':>6} "
-            f"{'depth 0':>7} {'ratio':>6} {'inside':>7} {'between':>7}"
-        )
+        print(f"{'run':>6} {'out':>4} {'depth':>5} {'bridge':>7} {'fa on':>7} {'fa off':>7} {'ratio':>6}")
+        turn(1)
         for rnd in range(1, args.repeat + 1):
-            open(trace, "w").close()
-            tok_s, out, depth = bridge_turn(bridge, rnd, args.tokens)
-            ms_in, ms_between = split(trace)
-            bench = llama_bench(binary, model, threads, out, depth)
-            limit = max(bench[("on", depth)], bench[("off", depth)])
-            empty = max(bench[("on", 0)], bench[("off", 0)])
-            ratios.append(tok_s / limit)
-            at0.append(tok_s / empty)
-            inside.append(ms_in)
-            between.append(ms_between)
+            tok_s, out, depth = turns[-1]
+            bench = llama_bench(binary, model, threads, out, str(depth), 1)
+            turn(rnd + 1)
+            mean = (tok_s + turns[-1][0]) / 2
+            ratios.append(mean / max(bench[("on", depth)], bench[("off", depth)]))
             print(
-                f"{rnd:>6} {out:>4} {depth:>5} {tok_s:>7.1f} {bench[('on', depth)]:>7.1f} "
-                f"{bench[('off', depth)]:>7.1f} {ratios[-1]:>6.3f} {empty:>7.1f} {at0[-1]:>6.3f} "
-                f"{ms_in:>7.2f} {ms_between:>7.3f}",
+                f"{rnd:>6} {out:>4} {depth:>5} {mean:>7.1f} {bench[('on', depth)]:>7.1f} "
+                f"{bench[('off', depth)]:>7.1f} {ratios[-1]:>6.3f}",
                 flush=True,
             )
+        tok_s, out, depth = turns[-1]
+        both = llama_bench(binary, model, threads, out, f"{depth},0", 3)
+        turn(args.repeat + 2)
     finally:
         bridge.close()
-        os.unlink(trace)
+    inside, between = where_the_time_goes(threads, args.tokens)
     print(
         f"bridge / llama-bench at the NPC's depth (the faster flash-attention setting): median "
-        f"{st.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} repeats "
-        f"(goal >= 0.97); against tg from an empty context: {st.median(at0):.3f}"
+        f"{st.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} runs "
+        f"(goal >= 0.97)"
+    )
+    deep = max(both[("on", depth)], both[("off", depth)])
+    empty = max(both[("on", 0)], both[("off", 0)])
+    print(
+        f"llama-bench from {depth} tokens in / from an empty context, one run after: {deep:.1f} / {empty:.1f} "
+        f"tokens/s ({deep / empty:.3f}); the bridge's turns around it / the empty context's: "
+        f"{(tok_s + turns[-1][0]) / 2 / empty:.3f}"
     )
     print(
-        f"the bridge per token: {st.median(inside):.2f} ms inside llama_decode, {st.median(between):.3f} ms "
-        f"between two ({100 * st.median(between) / (st.median(inside) + st.median(between)):.1f}%)"
+        f"the bridge per token ({len(inside)} turns of a bridge that logs its decodes): {st.median(inside):.2f} "
+        f"ms inside llama_decode, {st.median(between):.3f} ms between two "
+        f"({100 * st.median(between) / (st.median(inside) + st.median(between)):.1f}%)"
     )
 
 

@@ -449,7 +449,12 @@ class Generator:
                 p["remember"] = rng.random() < 0.5
             return p
         if method == "npc/prewarm":
-            return {"npcId": self.npc()}
+            p = {"npcId": self.npc()}
+            if rng.random() < 0.3:
+                p["speaker"] = rng.choice([self.npc(), "a wandering bard", None])
+            if rng.random() < 0.3:
+                p["promptPrefix"] = self.text()
+            return p
         if method == "npc/setTags":
             return {"npcId": self.npc(), "tags": rng.sample(TAGS, rng.randint(0, 3))}
         if method == "world/set":
