@@ -41,6 +41,8 @@ from bridge.errors import BridgeError
 
 log = logging.getLogger("oam_bridge.service")
 
+MAX_MODEL_BYTES = 4096  # npc/create's model: a path (PATH_MAX on Linux) or a catalog name
+
 
 async def _count_text(engine: Engine, text: str) -> int:
     """Tokens of ``text`` alone, with no chat template or message framing around it (``""`` is
@@ -234,6 +236,11 @@ class Service:
     def _check_config(self, config: m.NpcConfig) -> None:
         if not config.npc_id:
             raise BridgeError("invalid_params", "npcId must not be empty")
+        model = config.model
+        if model is not None and (not model or "\0" in model or len(model.encode()) > MAX_MODEL_BYTES):
+            raise BridgeError(
+                "invalid_params", f"model must be a file path or a catalog name: 1 to {MAX_MODEL_BYTES} bytes, no NUL"
+            )
         names = [t.name for t in config.tools]
         if len(set(names)) != len(names):
             raise BridgeError("invalid_params", "tool names must be unique")

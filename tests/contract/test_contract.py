@@ -440,3 +440,16 @@ async def test_long_conversations_are_trimmed_and_announced(any_client: Client) 
     assert last["droppedTurns"] > 0 and last["promptTokens"] <= last["contextSize"]
     # the saved transcript keeps everything; only what the model sees is trimmed
     assert len((await c.call("npc/transcript", {"npcId": "keeper"}))["turns"]) == 40
+
+
+@req("P-MODEL-1")
+async def test_a_model_that_is_no_path_is_invalid_params_and_the_bridge_serves_on(any_client: Client) -> None:
+    """npc/create's model: empty, with a NUL (no file can be named so) or longer than a path
+    can be is refused by name on every engine, before any engine is asked."""
+    c = any_client
+    for engine in ("llama", "native", "scripted"):
+        for model in ("", "a\0b", "m" * 5000):
+            with pytest.raises(RpcError) as e:
+                await c.call("npc/create", {"npcId": "m", "engine": engine, "model": model})
+            assert e.value.code == "invalid_params", (engine, model[:10])
+    assert (await c.call("npc/create", {"npcId": "m", "engine": "scripted"}))["npcId"] == "m"
