@@ -405,6 +405,9 @@ class Generator:
                 }
             if rng.random() < 0.1:
                 p["engine"] = rng.choice(["auto", "scripted", "bogus"])
+            if rng.random() < 0.05:  # a model file that is not there, or no path at all
+                p["engine"] = rng.choice(["scripted", "native", "bogus"])
+                p["model"] = rng.choice(["", "a\0b", "m" * 5000, "missing.gguf", "missing.fmadapter"])
             if rng.random() < 0.3:
                 p["tags"] = rng.sample(TAGS, rng.randint(0, 2))
             if rng.random() < 0.2:
