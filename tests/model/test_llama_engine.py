@@ -4,6 +4,7 @@ Grammar tests that need no model are in tests/unit/test_llama_grammar.py; timing
 bench/bench_llama.py."""
 
 import threading
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -307,6 +308,57 @@ async def test_decisions_at_temperature_are_always_one_of_the_options(engine, sc
             assert list(value)[:2] == ["reasoning", "choice"], "the reason comes before the choice"
             choices.append(value["choice"])
     assert set(choices) <= set(OPTIONS)
+
+
+def test_a_greedy_step_picks_from_the_best_token_what_the_whole_vocabulary_gives(engine, monkeypatch):
+    """Greedy.sample looks at a row's best token first: it picks the token llama.cpp's chain
+    over the whole vocabulary picks, with the same history, on rows where DRY lowers the best
+    token, rows with equal bests and plain rows, and it falls back to the whole vocabulary
+    exactly where DRY lowered the best."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    from bridge.engines.llama import _worker
+    from bridge.engines.llama._worker import TOP_K, Greedy
+
+    monkeypatch.setattr(_worker, "DRY_LAST_N", 64)  # DRY on (see DRY_LAST_N), so it can lower the best
+    gen = engine._gen
+    n = gen.n_vocab
+    rng = np.random.default_rng(11)
+    row = np.zeros(n, dtype=np.float32)
+    monkeypatch.setattr(
+        llama_cpp, "llama_get_logits_ith", lambda _c, _i: row.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    )
+    data = (llama_cpp.llama_token_data * n)()
+    view = np.frombuffer(data, dtype=np.dtype([("id", np.intc), ("logit", np.float32), ("p", np.float32)]))
+    a, b, c, d = (int(t) for t in rng.choice(np.arange(1000, 5000), 4, replace=False))
+    fell = dict.fromkeys(range(4), 0)
+    for i in range(300):
+        opts = GenerationOptions(temperature=0, seed=i)
+        ours, ref = Greedy(gen, opts), gen._sampler(opts)
+        for t in (a, b, c, d, a, b, c):  # "a b c" said again: DRY lowers d, which would go on repeating
+            ours.accept(t)
+            ref.accept(t)
+        row[:] = rng.normal(0, 3, n).astype(np.float32)
+        kind = i % 4
+        if kind == 1:  # the best token is the one DRY lowers
+            row[d] = row.max() + 0.3
+        elif kind == 2:  # a few stand out, the rest tie
+            row[:] = 0
+            row[rng.choice(n, TOP_K - 1, replace=False)] = rng.uniform(1, 5, TOP_K - 1)
+        elif kind == 3:  # equal bests: both take the lowest id
+            row[rng.choice(n, 3, replace=False)] = row.max() + 1
+        expected = row.copy()
+        tok = ours.sample(SimpleNamespace(ctx=None), 0)
+        view["id"], view["logit"], view["p"] = np.arange(n), expected, 0.0
+        arr = llama_cpp.llama_token_data_array(data=data, size=n, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(ref.sampler, ctypes.byref(arr))
+        assert tok == int(arr.data[arr.selected].id), (i, kind)
+        assert np.array_equal(row, expected), "the row is left as it was"
+        fell[kind] += ours.fallbacks
+    assert fell == {0: 0, 1: 75, 2: 0, 3: 0}, "the whole vocabulary only where DRY lowered the best"
 
 
 def test_a_steps_boosts_bans_and_repetition_penalty_are_llama_cpps_own(engine):
