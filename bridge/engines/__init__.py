@@ -120,8 +120,9 @@ class EngineRegistry:
             if path != os.path.realpath(kwargs.get("model_path") or _default_model(name)):
                 key, kwargs["model_path"] = f"{name}@{path}", path
         elif model is not None and name == "native":  # an Apple adapter file (.fmadapter)
-            path = os.path.realpath(model)
-            key, kwargs["adapter"] = f"{name}@{path}", path
+            # one engine per file, named to the library as the game named it (made absolute): an
+            # error never names a file the game did not (a symlink's target)
+            key, kwargs["adapter"] = f"{name}@{os.path.realpath(model)}", os.path.abspath(model)
         return name, key, kwargs
 
     def started(self, name: str, model: str | None = None) -> bool:

@@ -537,7 +537,9 @@ def test_an_apple_adapter_file_is_the_native_engines_model(tmp_path, monkeypatch
     assert isinstance(eng, native.NativeEngine)
     assert eng is reg.get("native", str(tmp_path / "guard.fmadapter")), "one engine per file"
     assert eng is not reg.get("native"), "the system model's engine is another"
-    assert eng._info["adapter"] == os.path.realpath(tmp_path / "guard.fmadapter")
+    assert eng._info["adapter"] == os.path.abspath(tmp_path / "guard.fmadapter")
+    (tmp_path / "link.fmadapter").symlink_to(tmp_path / "guard.fmadapter")
+    assert reg.get("native", "link.fmadapter") is eng, "a link to the same file is the same engine"
     assert reg.get("native")._info["adapter"] is None
 
 
