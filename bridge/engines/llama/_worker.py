@@ -140,10 +140,11 @@ class Generator:
         self.n_ctx = n_ctx
         self.n_vocab: int = llm.n_vocab()
         self._cands: Any = None  # see candidates
-        # Greedy.sample's candidate (the scheduler's thread samples every step, one at a time)
+        # one candidate, for Greedy.sample and Sampling._pick (the scheduler's thread samples
+        # every step, one at a time)
         import llama_cpp
 
-        self.lone: Any = (llama_cpp.llama_token_data * 1)()
+        self.one: Any = (llama_cpp.llama_token_data * 1)()
         self.states = states
         self.lock = threading.Lock()  # guards close
         self._banned: dict[bool, Any] = {}  # token ids: see _bans, filled by scan_vocabulary
@@ -222,7 +223,6 @@ class Generator:
             self._ids = np.arange(n, dtype=np.intc)
             self._best = (llama_cpp.llama_token_data * SLICE)()
             self._best_view = np.frombuffer(memoryview(self._best), dtype=kind)
-            self.one: Any = (llama_cpp.llama_token_data * 1)()
         view = self._cand_view
         view["id"] = self._ids
         view["logit"] = np.ctypeslib.as_array(row, shape=(n,))
@@ -381,7 +381,7 @@ class Greedy:
         ptr = llama_cpp.llama_get_logits_ith(ctx.ctx, idx)
         row = np.ctypeslib.as_array(ptr, shape=(gen.n_vocab,))
         tok = int(np.argmax(row))
-        one = gen.lone
+        one = gen.one
         one[0].id, one[0].logit, one[0].p = tok, row[tok], 0.0
         arr = llama_cpp.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
         llama_cpp.llama_sampler_apply(self.chain.sampler, ctypes.byref(arr))
